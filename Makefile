@@ -1,0 +1,39 @@
+# Two entry points: `make demo` (the main job) and `make test`. Both build .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: venv demo test test-slow lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first and pinned: on these machines 2.13.0 is a local CPU wheel; a bare
+	# `torch` requirement would otherwise pull a multi-GB CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	# BFCL's executable API classes (the bfcl environment); --no-deps because its declared
+	# requirements pin numpy 1.26.4 and a dozen LLM SDKs that these classes never import.
+	$(PIP) install -q --no-deps bfcl-eval==2026.3.23
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(VENV)/bin/evoharness-agent demo
+
+test: venv
+	$(VENV)/bin/ruff check evoharness_agent tests benchmarks scripts
+	$(PY) -m pytest -q tests -p no:cacheprovider
+
+test-slow: venv
+	$(PY) -m pytest -q -m slow tests
+
+bench: venv
+	$(PIP) install -q -e '.[dev,bench]'
+	$(PY) benchmarks/train_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,41 @@
+"""evoharness-agent: learn LangChain tool orchestration from tool-use logs with offline RL."""
+
+from __future__ import annotations
+
+from evoharness_agent.config import TrainConfig, load_config
+from evoharness_agent.dataset import TransitionDataset, build_dataset
+from evoharness_agent.encoding import StateEncoder
+from evoharness_agent.evaluation import OfflineReport, evaluate_offline
+from evoharness_agent.importers import LoadResult, LogFormatError, detect_format, load_episodes, write_episodes
+from evoharness_agent.policy import PolicySession, ToolPolicy, ToolScore
+from evoharness_agent.rewards import RewardConfig, shape_rewards
+from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
+from evoharness_agent.trainer import train, train_on_episodes
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FINISH",
+    "Episode",
+    "LoadResult",
+    "LogFormatError",
+    "OfflineReport",
+    "PolicySession",
+    "RewardConfig",
+    "StateEncoder",
+    "Step",
+    "ToolPolicy",
+    "ToolScore",
+    "ToolSpec",
+    "TrainConfig",
+    "TransitionDataset",
+    "build_dataset",
+    "detect_format",
+    "evaluate_offline",
+    "load_config",
+    "load_episodes",
+    "shape_rewards",
+    "train",
+    "train_on_episodes",
+    "write_episodes",
+]

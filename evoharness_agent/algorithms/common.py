@@ -1,0 +1,126 @@
+"""Pieces every algorithm shares: sizes, optimiser, Polyak averaging and masked helpers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from evoharness_agent.networks import NetworkConfig, StateValue, ToolScorer, masked_scores
+
+__all__ = ["Algorithm", "Dims", "ToolInputs", "adam", "both", "greedy", "polyak", "td_target"]
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Input sizes of the networks."""
+
+    state_dim: int
+    """Size of a gathered state vector."""
+    tool_dim: int
+    """Size of a tool's text embedding."""
+    n_tools: int
+    """Tools known at training time (rows of the per-tool bias table)."""
+
+    def scorer(self, network: NetworkConfig) -> ToolScorer:
+        """Build a fresh :class:`ToolScorer` of these sizes."""
+        return ToolScorer(self.state_dim, self.tool_dim, self.n_tools, network)
+
+    def value(self, network: NetworkConfig) -> StateValue:
+        """Build a fresh :class:`StateValue` of these sizes."""
+        return StateValue(self.state_dim, network)
+
+
+@dataclass
+class ToolInputs:
+    """The tool table every score is computed against: embeddings and bias ids."""
+
+    embeddings: torch.Tensor
+    ids: torch.Tensor | None
+
+
+def adam(modules: list[nn.Module], lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """One Adam over all ``modules``, fused (a single kernel per step) where supported."""
+    params = [p for module in modules for p in module.parameters()]
+    try:
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, foreach=True)
+
+
+@torch.no_grad()
+def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """Move ``target`` towards ``source`` by ``tau`` with one foreach op."""
+    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
+
+
+def td_target(rewards: torch.Tensor, dones: torch.Tensor, next_values: torch.Tensor,
+              gamma: float) -> torch.Tensor:
+    """Return the one-step target ``r + gamma * (1 - done) * V(s')``."""
+    return rewards + gamma * (1.0 - dones) * next_values.float()
+
+
+def both(first: torch.Tensor | None, second: torch.Tensor | None) -> torch.Tensor | None:
+    """Stack s and s' inputs (or their pair features) for one forward pass over both."""
+    return None if first is None or second is None else torch.cat([first, second])
+
+
+def greedy(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Return the best available action of each row."""
+    return masked_scores(scores, mask).argmax(dim=1)
+
+
+class Algorithm:
+    """Shared plumbing: named modules, one optimiser, autocast, checkpoint state."""
+
+    name = "base"
+    acting: tuple[str, ...] = ()
+    """Names of the modules a policy needs at inference."""
+
+    def __init__(self, tools: ToolInputs) -> None:
+        """Remember the tool table; subclasses add modules, then call :meth:`_finish_init`."""
+        self.tools = tools
+        self.modules: dict[str, nn.Module] = {}
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def _finish_init(self, trainable: list[str], lr: float, weight_decay: float = 0.0) -> None:
+        """Create the optimiser over the ``trainable`` modules."""
+        self.optimizer = adam([self.modules[n] for n in trainable], lr, weight_decay)
+
+    def step(self, loss: torch.Tensor) -> None:
+        """Apply one gradient step."""
+        assert self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+
+    def score(self, module: str, states: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
+        """Score every tool of the table with one of the scorers."""
+        return self.modules[module](states, self.tools.embeddings, self.tools.ids, pairs).float()
+
+    def acting_modules(self) -> dict[str, nn.Module]:
+        """Return the modules a policy needs at inference."""
+        return {name: self.modules[name] for name in self.acting}
+
+    def to(self, device: torch.device | str) -> Algorithm:
+        """Move every module (and the tool table) to ``device``."""
+        for module in self.modules.values():
+            module.to(device)
+        self.tools = ToolInputs(self.tools.embeddings.to(device),
+                                None if self.tools.ids is None else self.tools.ids.to(device))
+        return self
+
+    def state_dict(self) -> dict[str, dict]:
+        """Return module and optimiser state for a checkpoint."""
+        state = {name: module.state_dict() for name, module in self.modules.items()}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, dict]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        for name, module in self.modules.items():
+            module.load_state_dict(state[name])
+        if self.optimizer is not None and "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,285 @@
+"""From episodes to tensors: decision states, tool tables, masks and transitions.
+
+A state is built from texts, each embedded once (see :mod:`evoharness_agent.encoding`):
+
+* the current request (the latest user message; the task for the first turn),
+* the previous tool called (its name+description text; empty before the first call),
+* the task (the episode's first message),
+* the last ``history_window`` steps (tool calls and replies, newest first),
+* two numbers: tool calls made since the request (scaled) and whether the last call failed.
+
+Transitions store row indices into one shared embedding table, not vectors, so a data set
+of many episodes stays small and a batch is gathered with one ``index_select``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from evoharness_agent.encoding import StateEncoder, step_text
+from evoharness_agent.rewards import RewardConfig, shape_rewards
+from evoharness_agent.schema import FINISH, FINISH_DESCRIPTION, Episode, Step, ToolSpec
+
+__all__ = [
+    "N_FIXED_TEXTS",
+    "N_STATE_FEATURES",
+    "Batch",
+    "Decision",
+    "StateParts",
+    "ToolTable",
+    "TransitionDataset",
+    "build_dataset",
+    "decisions",
+    "finish_spec",
+]
+
+N_STATE_FEATURES = 2
+N_FIXED_TEXTS = 3  # request, previous tool, task; then the history window
+PAD = 0  # row 0 of every embedding table is the zero vector used for missing history
+
+
+def finish_spec() -> ToolSpec:
+    """Return the FINISH pseudo-tool, ranked like the real tools."""
+    return ToolSpec(name=FINISH, description=FINISH_DESCRIPTION)
+
+
+@dataclass
+class StateParts:
+    """What the policy sees after a prefix of an episode, before it is embedded."""
+
+    request: str
+    """The latest user message (the task itself in the first turn)."""
+    history: list[str]
+    """Texts of the last ``history_window`` tool calls and replies, newest first."""
+    features: list[float]
+    """Calls since the request (scaled) and whether the last call failed."""
+    previous_tool: str | None
+    """The tool called last, if any."""
+    called_in_turn: set[str]
+    """Tools called since the latest user message."""
+    called_before: set[str]
+    """Tools called anywhere earlier in the episode."""
+
+    def pair_features(self, names: Sequence[str]) -> list[list[float]]:
+        """Per-tool features ``[called in this turn, called earlier in the episode]``.
+
+        Few real calls repeat a tool (in BFCL 5% repeat one from earlier in the episode),
+        a fact no state vector can express per tool; these two numbers let the scorer learn it.
+        """
+        return [[float(n in self.called_in_turn), float(n in self.called_before)] for n in names]
+
+
+@dataclass
+class Decision(StateParts):
+    """One decision point of a logged episode: the state, what was available, what was done."""
+
+    task: str = ""
+    available: set[str] = field(default_factory=set)
+    action: str = FINISH
+
+
+def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> StateParts:
+    """Return what the policy sees after the steps in ``prefix``."""
+    request, calls_since_request, last_error, previous_tool = task, 0, 0.0, None
+    history: list[str] = []
+    in_turn: set[str] = set()
+    before: set[str] = set()
+    for step in prefix:
+        if step.kind == "user":
+            request, calls_since_request, in_turn = step.content, 0, set()
+            continue
+        history.append(step_text(step))
+        if step.kind == "tool_call" and step.tool:
+            calls_since_request += 1
+            last_error = float(step.error)
+            previous_tool = step.tool
+            in_turn.add(step.tool)
+            before.add(step.tool)
+    features = [min(calls_since_request, 20) / 10.0, last_error]
+    return StateParts(request, history[::-1][:history_window], features, previous_tool, in_turn, before)
+
+
+def decisions(episode: Episode, history_window: int) -> list[Decision]:
+    """Return the episode's decision points in order (tool calls and replies)."""
+    out = []
+    availability = episode.availability()
+    for index, step in enumerate(episode.steps):
+        if step.is_decision:
+            parts = state_parts(episode.task, episode.steps[:index], history_window)
+            out.append(Decision(**vars(parts), task=episode.task,
+                                available=availability[index] | {FINISH}, action=step.action))
+    return out
+
+
+@dataclass
+class ToolTable:
+    """All tools of a data set: their keys, names and embedding rows (FINISH is row 0)."""
+
+    specs: list[ToolSpec]
+    embeddings: torch.Tensor
+    index: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_specs(cls, specs: Iterable[ToolSpec], encoder: StateEncoder) -> ToolTable:
+        """Embed each distinct tool once; a name seen twice keeps its first description."""
+        unique: dict[str, ToolSpec] = {FINISH: finish_spec()}
+        for spec in specs:
+            unique.setdefault(spec.name, spec)
+        ordered = list(unique.values())
+        vectors = encoder.embed([spec.text() for spec in ordered])
+        return cls(ordered, torch.from_numpy(vectors), {s.name: i for i, s in enumerate(ordered)})
+
+    @property
+    def names(self) -> list[str]:
+        """Tool names in row order."""
+        return [spec.name for spec in self.specs]
+
+    def mask(self, available: Iterable[str]) -> torch.Tensor:
+        """Return a boolean row mask of the available tools that this table knows."""
+        mask = torch.zeros(len(self.specs), dtype=torch.bool)
+        rows = [self.index[name] for name in available if name in self.index]
+        mask[rows] = True
+        return mask
+
+
+@dataclass
+class Batch:
+    """A minibatch of transitions, states already gathered into feature vectors."""
+
+    states: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    next_states: torch.Tensor
+    dones: torch.Tensor
+    masks: torch.Tensor
+    next_masks: torch.Tensor
+    pairs: torch.Tensor | None = None
+    """``(B, N, 2)`` per-tool features (see :meth:`StateParts.pair_features`), if the data has them."""
+    next_pairs: torch.Tensor | None = None
+
+
+class TransitionDataset:
+    """Transitions as tensors: texts are rows of one embedding table, gathered per batch."""
+
+    def __init__(self, text_embeddings: torch.Tensor, tools: ToolTable, tensors: dict[str, torch.Tensor],
+                 history_window: int) -> None:
+        """Hold the tables; ``tensors`` has one row per transition."""
+        self.text_embeddings = text_embeddings
+        self.tools = tools
+        self.tensors = tensors
+        self.history_window = history_window
+
+    def __len__(self) -> int:
+        """Return the number of transitions."""
+        return int(self.tensors["actions"].shape[0])
+
+    @property
+    def state_dim(self) -> int:
+        """Size of one gathered state vector."""
+        return int(self.text_embeddings.shape[1]) * (N_FIXED_TEXTS + self.history_window) + N_STATE_FEATURES
+
+    def to(self, device: torch.device | str) -> TransitionDataset:
+        """Move every table to ``device``."""
+        tools = ToolTable(self.tools.specs, self.tools.embeddings.to(device), self.tools.index)
+        moved = {k: v.to(device) for k, v in self.tensors.items()}
+        return TransitionDataset(self.text_embeddings.to(device), tools, moved, self.history_window)
+
+    def gather_states(self, rows: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Turn ``(n, 3 + window)`` text rows and ``(n, F)`` features into state vectors."""
+        vectors = self.text_embeddings.index_select(0, rows.reshape(-1))
+        return torch.cat([vectors.reshape(rows.shape[0], -1), features], dim=1)
+
+    def batch(self, index: torch.Tensor) -> Batch:
+        """Gather the transitions at ``index`` into a :class:`Batch`."""
+        t = self.tensors
+        take = lambda name: t[name].index_select(0, index)  # noqa: E731
+        return Batch(
+            states=self.gather_states(take("rows"), take("features")),
+            actions=take("actions"),
+            rewards=take("rewards"),
+            next_states=self.gather_states(take("next_rows"), take("next_features")),
+            dones=take("dones"),
+            masks=take("masks"),
+            next_masks=take("next_masks"),
+            pairs=take("pairs").float() if "pairs" in t else None,
+            next_pairs=take("next_pairs").float() if "pairs" in t else None,
+        )
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None,
+               subset: torch.Tensor | None = None) -> Batch:
+        """Sample a batch uniformly (from ``subset`` transition ids when given)."""
+        device = self.tensors["actions"].device
+        pool = len(self) if subset is None else subset.shape[0]
+        picks = torch.randint(pool, (batch_size,), device=device, generator=generator)
+        return self.batch(picks if subset is None else subset.index_select(0, picks))
+
+
+def build_dataset(
+    episodes: Sequence[Episode],
+    encoder: StateEncoder,
+    *,
+    history_window: int = 4,
+    reward_config: RewardConfig | None = None,
+    extra_tools: Iterable[ToolSpec] = (),
+    show_progress: bool = False,
+) -> TransitionDataset:
+    """Encode episodes into a :class:`TransitionDataset` (one transition per decision)."""
+    reward_config = reward_config or RewardConfig()
+    tools = ToolTable.from_specs([s for ep in episodes for s in ep.tools] + list(extra_tools), encoder)
+    text_rows: dict[str, int] = {}
+
+    def row(text: str) -> int:
+        return text_rows.setdefault(text, len(text_rows) + 1)  # row 0 is PAD
+
+    rows, features, actions, rewards, dones, masks, pairs, episode_ids = [], [], [], [], [], [], [], []
+    for episode_id, episode in enumerate(episodes):
+        points = decisions(episode, history_window)
+        shaped = shape_rewards(episode, reward_config)
+        for point, reward in zip(points, shaped, strict=True):
+            history = [row(t) for t in point.history] + [PAD] * (history_window - len(point.history))
+            previous = row(tools.specs[tools.index[point.previous_tool]].text()) if point.previous_tool else PAD
+            rows.append([row(point.request), previous, row(point.task), *history])
+            features.append(point.features)
+            actions.append(tools.index[point.action])
+            rewards.append(reward)
+            masks.append(tools.mask(point.available))
+            pairs.append(point.pair_features(tools.names))
+            episode_ids.append(episode_id)
+        dones.extend([False] * (len(points) - 1) + [True] * bool(points))
+
+    texts = sorted(text_rows, key=text_rows.__getitem__)
+    vectors = encoder.embed(texts, show_progress=show_progress) if texts else np.zeros((0, 1))
+    dim = int(tools.embeddings.shape[1])
+    table = torch.zeros((len(texts) + 1, dim), dtype=torch.float32)
+    if texts:
+        table[1:] = torch.from_numpy(vectors)
+
+    n = len(actions)
+    row_tensor = torch.tensor(rows, dtype=torch.long).reshape(n, N_FIXED_TEXTS + history_window)
+    feature_tensor = torch.tensor(features, dtype=torch.float32).reshape(n, N_STATE_FEATURES)
+    done_tensor = torch.tensor(dones, dtype=torch.bool)
+    mask_tensor = torch.stack(masks) if masks else torch.zeros((0, len(tools.specs)), dtype=torch.bool)
+    pair_tensor = torch.tensor(pairs, dtype=torch.bool).reshape(n, len(tools.specs), 2)
+    # The next state of a transition is the following row; a terminal one points at itself
+    # and is ignored through ``dones``.
+    following = torch.arange(n) + 1
+    following[done_tensor] = torch.arange(n)[done_tensor]
+    tensors = {
+        "rows": row_tensor,
+        "features": feature_tensor,
+        "actions": torch.tensor(actions, dtype=torch.long),
+        "rewards": torch.tensor(rewards, dtype=torch.float32),
+        "dones": done_tensor.float(),
+        "masks": mask_tensor,
+        "next_rows": row_tensor[following],
+        "next_features": feature_tensor[following],
+        "next_masks": mask_tensor[following],
+        "pairs": pair_tensor,
+        "next_pairs": pair_tensor[following],
+        "episode_ids": torch.tensor(episode_ids, dtype=torch.long),
+    }
+    return TransitionDataset(table, tools, tensors, history_window)

@@ -1,0 +1,267 @@
+"""The training loop: logs → transitions → offline RL → checkpoints → a policy directory.
+
+The loop is deliberately lean: transitions live on the device as tensors, a batch is a
+``randint`` plus ``index_select``, each network runs one forward pass per step, Adam is
+fused, target networks move with one foreach op, and losses reach the CPU only every
+``log_every`` steps. A checkpoint (weights, optimiser, generator state) is written
+atomically every ``checkpoint_every`` steps; ``resume=True`` continues from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from safetensors.torch import load_file, save_file
+
+from evoharness_agent.algorithms import Dims, ToolInputs, make_algorithm
+from evoharness_agent.config import TrainConfig
+from evoharness_agent.dataset import TransitionDataset, build_dataset
+from evoharness_agent.encoding import StateEncoder
+from evoharness_agent.importers import load_episodes
+from evoharness_agent.networks import NetworkConfig, masked_scores
+from evoharness_agent.policy import POLICY_META, POLICY_WEIGHTS, atomic_write_bytes, save_policy
+from evoharness_agent.rewards import RewardConfig
+from evoharness_agent.schema import FINISH, Episode
+
+__all__ = ["TrainResult", "pick_device", "split_episodes", "train", "train_on_episodes"]
+
+CHECKPOINT = "checkpoint"
+
+
+def pick_device(setting: str = "auto") -> str:
+    """Resolve ``auto`` to cuda when a GPU is present, else cpu."""
+    if setting == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return setting
+
+
+def set_threads(threads: int | None) -> None:
+    """Use ``threads`` CPU threads (default: 1 on machines with ≤ 2 cores, else up to 8)."""
+    cores = os.cpu_count() or 1
+    torch.set_num_threads(threads or (1 if cores <= 2 else min(cores, 8)))
+
+
+def split_episodes(episodes: Sequence[Episode], val_fraction: float, seed: int) -> tuple[
+        list[int], list[int]]:
+    """Split episode indices into train and validation, by episode, reproducibly."""
+    order = list(range(len(episodes)))
+    random.Random(seed).shuffle(order)
+    n_val = int(round(len(order) * val_fraction)) if len(order) > 1 else 0
+    return sorted(order[n_val:]), sorted(order[:n_val])
+
+
+class TrainResult(dict):
+    """Final metrics of a run (a dict), with the output directory."""
+
+
+def _subset(dataset: TransitionDataset, episode_ids: list[int]) -> torch.Tensor:
+    """Transition indices belonging to ``episode_ids``."""
+    wanted = torch.zeros(int(dataset.tensors["episode_ids"].max().item()) + 1 if len(dataset) else 1,
+                         dtype=torch.bool)
+    wanted[episode_ids] = True
+    return torch.nonzero(wanted[dataset.tensors["episode_ids"].cpu()]).squeeze(1)
+
+
+@torch.no_grad()
+def next_tool_accuracy(algorithm: Any, dataset: TransitionDataset, index: torch.Tensor) -> dict[str, float]:
+    """Top-1 next-tool accuracy (among tools) and FINISH accuracy on transitions ``index``."""
+    if index.numel() == 0:
+        return {}
+    batch = dataset.batch(index.to(dataset.tensors["actions"].device))
+    scores = masked_scores(algorithm.scores(batch.states, batch.pairs), batch.masks)
+    finish = dataset.tools.index[FINISH]
+    is_tool = batch.actions != finish
+    tool_scores = scores.clone()
+    tool_scores[:, finish] = -float("inf")
+    top1 = (tool_scores.argmax(1) == batch.actions)[is_tool].float().mean()
+    finish_acc = ((scores.argmax(1) == finish) == ~is_tool).float().mean()
+    return {"val/top1": float(top1), "val/finish_acc": float(finish_acc)}
+
+
+def _save_checkpoint(out: Path, step: int, algorithm: Any, generator: torch.Generator,
+                     meta: dict[str, Any]) -> None:
+    """Write the checkpoint into a fresh directory, then swap it in (crash-safe)."""
+    final, tmp, old = out / CHECKPOINT, out / f".{CHECKPOINT}.tmp", out / f".{CHECKPOINT}.old"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    state = algorithm.state_dict()
+    optimizer = state.pop("optimizer", None)
+    tensors = {f"{m}.{k}": v.detach().cpu().contiguous() for m, sd in state.items() for k, v in sd.items()}
+    tensors["rng"] = generator.get_state()
+    # Dropout draws from torch's global generators, not ``generator``: save them too, or a
+    # resumed run diverges from an uninterrupted one.
+    tensors["torch_rng"] = torch.get_rng_state()
+    if generator.device.type == "cuda":
+        tensors["cuda_rng"] = torch.cuda.get_rng_state(generator.device)
+    save_file(tensors, str(tmp / "model.safetensors"))
+    torch.save(optimizer, tmp / "optimizer.pt")
+    (tmp / "state.json").write_text(json.dumps({"step": step, "meta": meta}))
+    for f in tmp.iterdir():
+        with open(f, "rb") as handle:
+            os.fsync(handle.fileno())
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _load_checkpoint(out: Path, algorithm: Any, generator: torch.Generator) -> int:
+    """Restore the newest complete checkpoint; return its step (0 when there is none)."""
+    for candidate in (out / CHECKPOINT, out / f".{CHECKPOINT}.old"):
+        if (candidate / "state.json").exists():
+            tensors = load_file(str(candidate / "model.safetensors"))
+            generator.set_state(tensors.pop("rng"))
+            if "torch_rng" in tensors:
+                torch.set_rng_state(tensors.pop("torch_rng"))
+            if "cuda_rng" in tensors:
+                cuda_rng = tensors.pop("cuda_rng")
+                if generator.device.type == "cuda":
+                    torch.cuda.set_rng_state(cuda_rng, generator.device)
+            state: dict[str, dict] = {}
+            for key, value in tensors.items():
+                module, _, param = key.partition(".")
+                state.setdefault(module, {})[param] = value
+            state["optimizer"] = torch.load(candidate / "optimizer.pt", weights_only=True)
+            algorithm.load_state_dict(state)
+            return int(json.loads((candidate / "state.json").read_text())["step"])
+    return 0
+
+
+def _initialise_from(algorithm: Any, init: Path, known_tools: list[str]) -> None:
+    """Copy matching networks from a trained policy; per-tool biases are matched by name."""
+    meta = json.loads((init / POLICY_META).read_text())
+    weights = load_file(str(init / POLICY_WEIGHTS))
+    old_rows = {name: i for i, name in enumerate(meta["known_tools"])}
+    for source in meta["acting"]:
+        targets = [source] + (["q1", "q2"] if source == "q" else []) + (["imitation"] if source == "policy" else [])
+        for target in (t for t in targets if t in algorithm.modules):
+            module = algorithm.modules[target]
+            state = {k[len(source) + 1:]: v for k, v in weights.items() if k.startswith(f"{source}.")}
+            if "bias.weight" in state and "bias.weight" in module.state_dict():
+                bias = module.state_dict()["bias.weight"].clone()
+                for row, name in enumerate(known_tools):
+                    if name in old_rows:
+                        bias[row] = state["bias.weight"][old_rows[name]]
+                state["bias.weight"] = bias
+            module.load_state_dict(state)
+            if f"{target}_target" in algorithm.modules:
+                algorithm.modules[f"{target}_target"].load_state_dict(state)
+
+
+def train_on_episodes(
+    episodes: Sequence[Episode],
+    config: TrainConfig,
+    out: str | Path,
+    *,
+    encoder: StateEncoder | None = None,
+    init: str | Path | None = None,
+    resume: bool = False,
+    show_progress: bool = True,
+) -> TrainResult:
+    """Train a policy on ``episodes`` and write it to ``out``; returns final metrics."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if init is not None:
+        init_meta = json.loads((Path(init) / POLICY_META).read_text())
+        config = config.model_copy(update={"model": config.model.model_copy(update={
+            "encoder": init_meta["encoder"], "max_seq_length": init_meta["max_seq_length"],
+            "history_window": init_meta["history_window"], **init_meta["network"]})})
+    torch.manual_seed(config.training.seed)
+    encoder = encoder or StateEncoder(config.model.encoder, max_seq_length=config.model.max_seq_length)
+    rewards = RewardConfig(**config.rewards.model_dump())
+    dataset = build_dataset(episodes, encoder, history_window=config.model.history_window,
+                            reward_config=rewards, show_progress=show_progress)
+    if len(dataset) == 0:
+        raise ValueError("the logs contain no decisions (no tool calls or replies) to learn from")
+    train_ids, val_ids = split_episodes(episodes, config.data.val_fraction, config.training.seed)
+    device = pick_device(config.training.device)
+    set_threads(config.training.threads)
+    dataset = dataset.to(device)
+    train_index = _subset(dataset, train_ids).to(device)
+    val_index = _subset(dataset, val_ids)
+
+    network = NetworkConfig(hidden=config.model.hidden, layers=config.model.layers,
+                            tool_bias=config.model.tool_bias)
+    dims = Dims(dataset.state_dim, int(dataset.tools.embeddings.shape[1]), len(dataset.tools.specs))
+    tools = ToolInputs(dataset.tools.embeddings, torch.arange(len(dataset.tools.specs), device=device))
+    algorithm = make_algorithm(config.algorithm.name, config.algorithm.params, dims, network, tools).to(device)
+    meta = {
+        "algorithm": config.algorithm.name, "params": config.algorithm.params,
+        "network": asdict(network), "encoder": config.model.encoder,
+        "max_seq_length": config.model.max_seq_length, "history_window": config.model.history_window,
+        "state_dim": dims.state_dim, "tool_dim": dims.tool_dim, "known_tools": dataset.tools.names,
+        "config": config.model_dump(),
+    }
+    generator = torch.Generator(device=device).manual_seed(config.training.seed)
+    start = _load_checkpoint(out, algorithm, generator) if resume else 0
+    if init is not None and start == 0:
+        _initialise_from(algorithm, Path(init), dataset.tools.names)
+
+    writer = None
+    if config.logging.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(out / "tensorboard"), purge_step=start or None)
+    use_bf16 = config.training.bf16 and device.startswith("cuda")
+    steps, log_every = config.training.steps, config.logging.log_every
+    history: list[dict[str, float]] = []
+    metrics: dict[str, float] = {}
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                        TextColumn("{task.fields[losses]}"), disable=not show_progress)
+    with progress:
+        bar = progress.add_task(f"train {config.algorithm.name}", total=steps, completed=start, losses="")
+        for step in range(start + 1, steps + 1):
+            batch = dataset.sample(config.training.batch_size, generator, train_index)
+            with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=use_bf16):
+                logs = algorithm.update(batch)
+            if step % log_every == 0 or step == steps:
+                metrics = {k: float(v) for k, v in logs.items()}
+                history.append({"step": step, **metrics})
+                if writer is not None:
+                    for key, value in metrics.items():
+                        writer.add_scalar(key, value, step)
+                shown = "  ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in metrics.items())
+                progress.update(bar, losses=shown)
+            if step % config.training.eval_every == 0 or step == steps:
+                for module in algorithm.modules.values():
+                    module.eval()
+                val = next_tool_accuracy(algorithm, dataset, val_index)
+                for module in algorithm.modules.values():
+                    module.train()
+                metrics.update(val)
+                if writer is not None:
+                    for key, value in val.items():
+                        writer.add_scalar(key, value, step)
+            if step % config.training.checkpoint_every == 0 or step == steps:
+                _save_checkpoint(out, step, algorithm, generator, meta)
+            progress.update(bar, advance=1)
+    if writer is not None:
+        writer.close()
+    result = TrainResult(metrics, n_episodes=len(episodes), n_transitions=len(dataset),
+                         n_encoded=encoder.n_encoded, out=str(out))
+    save_policy(out, algorithm, {**meta, "metrics": dict(result)})
+    atomic_write_bytes(out / "train_log.json", json.dumps(history).encode())
+    return result
+
+
+def train(config: TrainConfig, out: str | Path, *, init: str | Path | None = None,
+          resume: bool = False, show_progress: bool = True) -> TrainResult:
+    """Load the logs named in ``config.data`` and train; see :func:`train_on_episodes`."""
+    loaded = load_episodes(config.data.paths, config.data.format, skip_invalid=config.data.skip_invalid,
+                           default_reward=config.data.default_reward)
+    if loaded.skipped:
+        print(loaded.summary())
+    return train_on_episodes(loaded.episodes, config, out, init=init, resume=resume,
+                             show_progress=show_progress)
+
