@@ -1,13 +1,14 @@
-"""The ``evoharness-agent`` command line: train, evaluate and demo."""
+"""The ``evoharness-agent`` command line: train, evaluate, collect and demo."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -40,6 +41,35 @@ class Format(str, Enum):
     langchain = "langchain"
 
 
+class EnvName(str, Enum):
+    """Executable environments."""
+
+    bfcl = "bfcl"
+
+
+class Split(str, Enum):
+    """Which tasks of an environment to run (BFCL: test = scenario % 5 == 0)."""
+
+    train = "train"
+    test = "test"
+    all = "all"
+
+
+class Arguments(str, Enum):
+    """Where the arguments of a chosen tool come from."""
+
+    gold = "gold"
+    llm = "llm"
+
+
+class Behaviour(str, Enum):
+    """Behaviour policies for data collection."""
+
+    random = "random"
+    epsilon_policy = "epsilon-policy"
+    policy = "policy"
+
+
 def _fail(message: str) -> typer.Exit:
     """Print an error and return the exit to raise."""
     console.print(f"[bold red]error:[/] {message}", highlight=False)
@@ -50,7 +80,7 @@ def _fail(message: str) -> typer.Exit:
 def train(
     data: Annotated[list[Path], typer.Option("--data", help="Log files or directories (repeatable).")],
     out: Annotated[Path, typer.Option(help="Where the policy, checkpoints and logs go.")],
-    algo: Annotated[Algo | None, typer.Option(help="Algorithm (default: config, else iql).")] = None,
+    algo: Annotated[Algo | None, typer.Option(help="Algorithm (default: config, else cql).")] = None,
     log_format: Annotated[Format, typer.Option("--format", help="Log format.")] = Format.auto,
     config: Annotated[Path | None, typer.Option(help="YAML config (sections: data, algorithm, "
                                                      "model, rewards, training, logging).")] = None,
@@ -95,21 +125,48 @@ def _load(paths: Sequence[Path | str], log_format: str, skip_invalid: bool) -> l
     return loaded.episodes
 
 
+EnvOption = Annotated[EnvName | None, typer.Option("--env", help="Executable environment (online mode).")]
+VariantOption = Annotated[str, typer.Option(help="BFCL variant: base, miss_func, miss_param, long_context.")]
+LimitOption = Annotated[int | None, typer.Option(help="Run only the first N tasks of the split.")]
+ArgsOption = Annotated[Arguments, typer.Option("--args", help="Arguments of chosen tools: the env's gold "
+                                                              "calls (isolates tool choice) or the --llm.")]
+LLMOption = Annotated[str | None, typer.Option(help="LangChain chat model, 'module:attribute' (a model or a "
+                                                    "factory) or a local model name.")]
+
+
 @app.command()
 def evaluate(
     policy: Annotated[Path, typer.Option(help="Policy directory.")],
-    data: Annotated[list[Path], typer.Option("--data", help="Logs to evaluate on (repeatable).")],
+    data: Annotated[list[Path] | None, typer.Option(
+        "--data", help="Logs to evaluate on (repeatable; required without --env).")] = None,
     log_format: Annotated[Format, typer.Option("--format", help="Log format.")] = Format.auto,
     baseline_data: Annotated[list[Path] | None, typer.Option(
-        help="Logs the count baselines are fit on (default: the policy's training logs).")] = None,
+        help="Logs the count baselines are fit on (default: the policy's training logs; with --env, "
+             "the environment's train split).")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write metrics as JSON here.")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here.")] = None,
     skip_invalid: Annotated[bool, typer.Option(help="Skip bad log lines (and report them).")] = False,
+    env: EnvOption = None,
+    variant: VariantOption = "base",
+    split: Annotated[Split, typer.Option(help="Tasks to run with --env.")] = Split.test,
+    limit: LimitOption = None,
+    args: ArgsOption = Arguments.gold,
+    llm: Annotated[str | None, typer.Option(
+        help="LangChain chat model ('module:attribute', a model or a factory, or a local model name): adds "
+             "the 'LLM chooses' baseline, and fills arguments with --args llm.")] = None,
+    markdown: Annotated[Path | None, typer.Option(help="With --env: write a markdown table here.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the random baseline (with --env).")] = 0,
 ) -> None:
-    """Next-tool prediction of a policy against four baselines, in one run."""
+    """Next-tool prediction of a policy against four baselines, in one run; with --env, task success online."""
     from evoharness_agent.evaluation import evaluate_offline, plot_report, print_report
     from evoharness_agent.policy import ToolPolicy
 
+    if env is not None:
+        _evaluate_online(policy, env, variant, split, limit, args, llm, baseline_data, log_format,
+                         skip_invalid, json_out, markdown, plot, seed)
+        return
+    if not data:
+        raise _fail("give --data (offline evaluation) or --env (online evaluation)")
     try:
         loaded_policy = ToolPolicy.load(policy)
         episodes = _load(data, log_format.value, skip_invalid)
@@ -128,6 +185,108 @@ def evaluate(
     if plot:
         plot_report(report, plot)
         console.print(f"plot written to {plot}")
+
+
+def _load_llm(spec: str) -> Any:
+    """Build a LangChain chat model from ``module:attribute`` (a model or a factory) or a local model name."""
+    if ":" in spec:
+        module, _, attribute = spec.partition(":")
+        target = getattr(importlib.import_module(module), attribute)
+        return target() if isinstance(target, type) or not hasattr(target, "bind_tools") else target
+    from evoharness_agent.local_llm import LocalChatModel
+
+    return LocalChatModel.from_pretrained(spec)
+
+
+def _arguments_fn(args: Arguments, llm: Any) -> Any:
+    """Return the online arguments function for ``--args``."""
+    from evoharness_agent.online import gold_arguments, llm_arguments
+
+    if args is Arguments.gold:
+        return gold_arguments
+    if llm is None:
+        raise ValueError("--args llm needs --llm")
+    return llm_arguments(llm)
+
+
+def _evaluate_online(policy_dir: Path, env: EnvName, variant: str, split: Split, limit: int | None,
+                     args: Arguments, llm_spec: str | None, baseline_data: list[Path] | None, log_format: Format,
+                     skip_invalid: bool, json_out: Path | None, markdown: Path | None, plot: Path | None,
+                     seed: int) -> None:
+    """Run the policy and the baselines in an environment; print and write the report."""
+    from evoharness_agent.evaluation import CountBaselines
+    from evoharness_agent.online import (
+        BigramChooser,
+        EmbeddingChooser,
+        LLMChooser,
+        PolicyChooser,
+        RandomChooser,
+        evaluate_online,
+        load_environment,
+        print_online_report,
+    )
+    from evoharness_agent.policy import ToolPolicy
+
+    try:
+        loaded_policy = ToolPolicy.load(policy_dir)
+        setup = load_environment(env.value, variant=variant, split=split.value, limit=limit)
+        baseline = (_load(baseline_data, log_format.value, skip_invalid) if baseline_data
+                    else setup.train_episodes)
+        llm = _load_llm(llm_spec) if llm_spec else None
+        arguments = _arguments_fn(args, llm)
+    except (LogFormatError, ValueError, FileNotFoundError, ImportError, AttributeError) as error:
+        raise _fail(str(error)) from error
+    counts = CountBaselines(baseline)
+    choosers: list[Any] = [
+        PolicyChooser(loaded_policy), RandomChooser(seed), BigramChooser(counts),
+        EmbeddingChooser(loaded_policy.encoder, max(1, round(counts.calls_per_turn)))]
+    if llm is not None:
+        choosers.append(LLMChooser(llm))
+    console.print(f"{setup.name}: {len(setup.tasks)} tasks x {len(choosers)} choosers, {args.value} arguments")
+    report = evaluate_online(setup.env, setup.tasks, choosers, arguments=arguments, env_name=setup.name,
+                             arguments_name=args.value)
+    print_online_report(report, console)
+    for path, write, what in ((json_out, report.write_json, "results"), (markdown, report.write_markdown, "table"),
+                              (plot, report.plot, "plot")):
+        if path:
+            write(path)
+            console.print(f"{what} written to {path}")
+
+
+@app.command()
+def collect(
+    env: Annotated[EnvName, typer.Option("--env", help="Executable environment.")],
+    out: Annotated[Path, typer.Option(help="Native JSONL file to write (.gz compresses).")],
+    behaviour: Annotated[Behaviour, typer.Option(help="Behaviour policy.")] = Behaviour.epsilon_policy,
+    policy: Annotated[Path | None, typer.Option(help="Policy directory (for policy behaviours).")] = None,
+    epsilon: Annotated[float, typer.Option(help="Probability of a random action (epsilon-policy).")] = 0.3,
+    variant: VariantOption = "base",
+    split: Annotated[Split, typer.Option(help="Tasks to roll out (collect on train, evaluate on test).")] = Split.train,
+    limit: LimitOption = None,
+    repeats: Annotated[int, typer.Option(help="Rollouts per task.")] = 1,
+    args: ArgsOption = Arguments.gold,
+    llm: LLMOption = None,
+    seed: Annotated[int, typer.Option(help="Random seed of the behaviour.")] = 0,
+) -> None:
+    """Roll out a behaviour policy in an environment: mixed-quality logs with env rewards, for offline RL."""
+    from evoharness_agent.importers import write_episodes
+    from evoharness_agent.online import behaviour_chooser, load_environment
+    from evoharness_agent.online import collect as run_collect
+    from evoharness_agent.policy import ToolPolicy
+
+    try:
+        loaded_policy = ToolPolicy.load(policy) if policy else None
+        chooser = behaviour_chooser(behaviour.value, loaded_policy, epsilon=epsilon, seed=seed)
+        setup = load_environment(env.value, variant=variant, split=split.value, limit=limit)
+        arguments = _arguments_fn(args, _load_llm(llm) if llm else None)
+    except (ValueError, FileNotFoundError, ImportError, AttributeError) as error:
+        raise _fail(str(error)) from error
+    episodes = run_collect(setup.env, setup.tasks, chooser, arguments=arguments, repeats=repeats)
+    write_episodes(out, episodes)
+    rewards = [episode.reward or 0.0 for episode in episodes]
+    returns = [episode.metadata["rollout"]["return"] for episode in episodes]
+    console.print(f"{len(episodes)} episodes from {setup.name} ({chooser.name}) written to [bold]{out}[/]: "
+                  f"success rate {sum(rewards) / len(rewards):.3f}, mean return {sum(returns) / len(returns):.2f}")
 
 
 @app.command()

@@ -7,14 +7,14 @@ Example (every key optional; command-line flags override the file)::
       format: auto
       val_fraction: 0.1
     algorithm:
-      name: iql
+      name: cql
       params: {expectile: 0.7, beta: 3.0}
     model:
       encoder: all-MiniLM-L6-v2
       history_window: 4
-      hidden: 256
+      hidden: 16
     training:
-      steps: 3000
+      steps: 1500
       batch_size: 256
     logging:
       tensorboard: true
@@ -48,7 +48,7 @@ class DataSection(_Section):
 class AlgorithmSection(_Section):
     """Which offline RL algorithm, and its settings (see each algorithm's config class)."""
 
-    name: str = "iql"
+    name: str = "cql"
     params: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -58,9 +58,13 @@ class ModelSection(_Section):
     encoder: str = "all-MiniLM-L6-v2"
     max_seq_length: int = 128
     history_window: int = Field(4, ge=0)
-    hidden: int = 256
+    # Small on purpose: logs are hundreds of episodes and a wide state tower memorises them
+    # (BFCL held-out top-1: 0.60 at 16, 0.55 at 64, 0.49 at 256 with BC).
+    hidden: int = 16
     layers: int = 2
     tool_bias: bool = True
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    similarity_scale: float = 5.0
 
 
 class RewardSection(_Section):
@@ -78,7 +82,8 @@ class RewardSection(_Section):
 class TrainingSection(_Section):
     """The optimisation loop."""
 
-    steps: int = Field(3000, ge=1)
+    # CQL keeps improving to ~1500 steps on BFCL; BC and IQL memorise small logs past ~500.
+    steps: int = Field(1500, ge=1)
     batch_size: int = Field(256, ge=1)
     seed: int = 0
     device: str = "auto"

@@ -110,8 +110,9 @@ def decisions(episode: Episode, history_window: int) -> list[Decision]:
     for index, step in enumerate(episode.steps):
         if step.is_decision:
             parts = state_parts(episode.task, episode.steps[:index], history_window)
-            out.append(Decision(**vars(parts), task=episode.task,
-                                available=availability[index] | {FINISH}, action=step.action))
+            # A logged call proves its tool was callable, whatever the tool lists said.
+            available = availability[index] | {FINISH, step.action}
+            out.append(Decision(**vars(parts), task=episode.task, available=available, action=step.action))
     return out
 
 
@@ -229,7 +230,10 @@ def build_dataset(
 ) -> TransitionDataset:
     """Encode episodes into a :class:`TransitionDataset` (one transition per decision)."""
     reward_config = reward_config or RewardConfig()
-    tools = ToolTable.from_specs([s for ep in episodes for s in ep.tools] + list(extra_tools), encoder)
+    specs = [s for ep in episodes for s in ep.tools] + list(extra_tools)
+    # Logs may call tools their tool list forgot; such a tool is known by its name alone.
+    specs += [ToolSpec(name=step.tool) for ep in episodes for step in ep.steps if step.tool]
+    tools = ToolTable.from_specs(specs, encoder)
     text_rows: dict[str, int] = {}
 
     def row(text: str) -> int:

@@ -16,7 +16,7 @@ __all__ = ["run_demo"]
 
 
 def run_demo(out: str | Path, *, steps: int = 1500, console: Console | None = None) -> dict[str, dict]:
-    """Train BC and IQL on BFCL base (scenarios ≢ 0 mod 5), evaluate on the held-out fifth."""
+    """Train BC and CQL on BFCL base (scenarios ≢ 0 mod 5), evaluate on the held-out fifth."""
     console = console or Console()
     out = Path(out)
     episodes = read_native(bfcl_paths(["base"])[0])
@@ -25,7 +25,7 @@ def run_demo(out: str | Path, *, steps: int = 1500, console: Console | None = No
     console.print(f"{len(train_set)} training scenarios, {len(test_set)} held-out scenarios "
                   "(split by scenario number, never by step)")
     reports = {}
-    for algo in ("bc", "iql"):
+    for algo in ("bc", "cql"):
         config = TrainConfig.model_validate({"algorithm": {"name": algo}, "training": {"steps": steps}})
         train_on_episodes(train_set, config, out / algo)
         policy = ToolPolicy.load(out / algo)
@@ -37,7 +37,7 @@ def run_demo(out: str | Path, *, steps: int = 1500, console: Console | None = No
     example = test_set[0]
     console.rule("[bold]one held-out scenario, step by step")
     console.print(f"[bold]task:[/] {example.task}")
-    policy = ToolPolicy.load(out / "iql", encoder=policy.encoder)
+    policy = ToolPolicy.load(out / "cql", encoder=policy.encoder)
     session = policy.session(example.task, example.tools)
     for step, available in zip(example.steps, example.availability(), strict=True):
         if step.is_decision:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,9 @@ class EmbeddingCache:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # WAL keeps readers and one writer safe across processes; commits are atomic.
-        self._db = sqlite3.connect(str(self.path), timeout=60)
+        # One connection shared by threads (an executor's ``batch``), serialised by a lock.
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), timeout=60, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB)")
         self._db.commit()
@@ -69,17 +72,22 @@ class EmbeddingCache:
     def get_many(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
         """Return the cached vectors among ``keys``."""
         found: dict[str, np.ndarray] = {}
+        with self._lock:
+            self._get_chunks(keys, found)
+        return found
+
+    def _get_chunks(self, keys: Sequence[str], found: dict[str, np.ndarray]) -> None:
+        """Look keys up 500 at a time (SQLite's parameter limit)."""
         for start in range(0, len(keys), 500):
             chunk = list(keys[start : start + 500])
             marks = ",".join("?" * len(chunk))
             rows = self._db.execute(f"SELECT key, vec FROM emb WHERE key IN ({marks})", chunk)
             for key, blob in rows:
                 found[key] = np.frombuffer(blob, dtype=np.float32)
-        return found
 
     def put_many(self, items: dict[str, np.ndarray]) -> None:
         """Store vectors in one transaction."""
-        with self._db:
+        with self._lock, self._db:
             self._db.executemany(
                 "INSERT OR REPLACE INTO emb (key, vec) VALUES (?, ?)",
                 [(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()],
@@ -87,7 +95,8 @@ class EmbeddingCache:
 
     def close(self) -> None:
         """Close the database."""
-        self._db.close()
+        with self._lock:
+            self._db.close()
 
 
 class StateEncoder:
@@ -118,6 +127,7 @@ class StateEncoder:
         self.max_seq_length = max_seq_length
         self.batch_size = batch_size
         self._model: Any = None
+        self._model_lock = threading.Lock()
         self._memory: dict[str, np.ndarray] = {}
         self.n_encoded = 0
         """How many texts this encoder actually ran through the model (cache misses)."""
@@ -163,16 +173,17 @@ class StateEncoder:
             self._memory.update(self._disk.get_many(list(missing)))
             missing = {k: t for k, t in missing.items() if k not in self._memory}
         if missing:
-            model = self._load()
-            vectors = model.encode(
-                list(missing.values()), batch_size=self.batch_size, convert_to_numpy=True,
-                normalize_embeddings=True, show_progress_bar=show_progress,
-            ).astype(np.float32)
+            with self._model_lock:
+                model = self._load()
+                vectors = model.encode(
+                    list(missing.values()), batch_size=self.batch_size, convert_to_numpy=True,
+                    normalize_embeddings=True, show_progress_bar=show_progress,
+                ).astype(np.float32)
             fresh = dict(zip(missing, vectors, strict=True))
             self._memory.update(fresh)
             self.n_encoded += len(fresh)
             if self._disk is not None:
                 self._disk.put_many(fresh)
         if not keys:
-            return np.zeros((0, 0), dtype=np.float32)
+            return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self._memory[k] for k in keys])

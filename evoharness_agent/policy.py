@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,7 @@ class ToolPolicy:
         self.device = device
         self.history_window = int(meta["history_window"])
         self.known_tools = {name: i for i, name in enumerate(meta["known_tools"])}
+        self._lock = threading.Lock()
         for module in algorithm.modules.values():
             module.eval()
 
@@ -151,8 +153,10 @@ class ToolPolicy:
         specs = [spec for spec in map(as_tool_spec, tools) if spec.name != FINISH]
         if include_finish:
             specs.append(finish_spec())
-        self.algorithm.tools = self._tool_inputs(specs)
-        scores = self.algorithm.scores(*self._state_inputs(states, specs)).float().cpu().numpy()
+        tool_inputs, state_inputs = self._tool_inputs(specs), self._state_inputs(states, specs)
+        with self._lock:  # the algorithm scores against one tool table at a time
+            self.algorithm.tools = tool_inputs
+            scores = self.algorithm.scores(*state_inputs).float().cpu().numpy()
         return [s.name for s in specs], scores
 
     def rank_batch(

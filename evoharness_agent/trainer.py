@@ -178,6 +178,7 @@ def train_on_episodes(
             "history_window": init_meta["history_window"], **init_meta["network"]})})
     torch.manual_seed(config.training.seed)
     encoder = encoder or StateEncoder(config.model.encoder, max_seq_length=config.model.max_seq_length)
+    encoded_before = encoder.n_encoded  # a caller's encoder may have encoded texts already
     rewards = RewardConfig(**config.rewards.model_dump())
     dataset = build_dataset(episodes, encoder, history_window=config.model.history_window,
                             reward_config=rewards, show_progress=show_progress)
@@ -190,8 +191,7 @@ def train_on_episodes(
     train_index = _subset(dataset, train_ids).to(device)
     val_index = _subset(dataset, val_ids)
 
-    network = NetworkConfig(hidden=config.model.hidden, layers=config.model.layers,
-                            tool_bias=config.model.tool_bias)
+    network = NetworkConfig(**{name: getattr(config.model, name) for name in NetworkConfig.__dataclass_fields__})
     dims = Dims(dataset.state_dim, int(dataset.tools.embeddings.shape[1]), len(dataset.tools.specs))
     tools = ToolInputs(dataset.tools.embeddings, torch.arange(len(dataset.tools.specs), device=device))
     algorithm = make_algorithm(config.algorithm.name, config.algorithm.params, dims, network, tools).to(device)
@@ -214,7 +214,10 @@ def train_on_episodes(
         writer = SummaryWriter(str(out / "tensorboard"), purge_step=start or None)
     use_bf16 = config.training.bf16 and device.startswith("cuda")
     steps, log_every = config.training.steps, config.logging.log_every
-    history: list[dict[str, float]] = []
+    log_file = out / "train_log.json"
+    # After a resume the log continues the interrupted run's, minus steps that will be redone.
+    history: list[dict[str, float]] = ([row for row in json.loads(log_file.read_text()) if row["step"] <= start]
+                                       if start and log_file.exists() else [])
     metrics: dict[str, float] = {}
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -245,13 +248,14 @@ def train_on_episodes(
                         writer.add_scalar(key, value, step)
             if step % config.training.checkpoint_every == 0 or step == steps:
                 _save_checkpoint(out, step, algorithm, generator, meta)
+                atomic_write_bytes(log_file, json.dumps(history).encode())
             progress.update(bar, advance=1)
     if writer is not None:
         writer.close()
     result = TrainResult(metrics, n_episodes=len(episodes), n_transitions=len(dataset),
-                         n_encoded=encoder.n_encoded, out=str(out))
+                         n_encoded=encoder.n_encoded - encoded_before, out=str(out))
     save_policy(out, algorithm, {**meta, "metrics": dict(result)})
-    atomic_write_bytes(out / "train_log.json", json.dumps(history).encode())
+    atomic_write_bytes(log_file, json.dumps(history).encode())
     return result
 
 

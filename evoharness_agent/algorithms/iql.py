@@ -33,8 +33,9 @@ class IQLConfig:
     """Polyak rate of the target Q-networks."""
     expectile: float = 0.7
     """Expectile of V's regression onto Q: 0.5 is the mean (SARSA), near 1 the max."""
-    beta: float = 3.0
-    """Inverse temperature of the advantage weights (0 = behaviour cloning)."""
+    beta: float = 1.0
+    """Inverse temperature of the advantage weights (0 = behaviour cloning). Rewards here are
+    on a scale of ~10 (the success bonus), so 1.0 already separates good and bad actions."""
     max_weight: float = 100.0
     """Clip of ``exp(beta * advantage)``, for stability."""
     weight_decay: float = 1e-4
@@ -48,8 +49,14 @@ def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
 
 
 def advantage_weights(advantage: torch.Tensor, beta: float, max_weight: float) -> torch.Tensor:
-    """Return ``min(exp(beta * A), max_weight)``, the AWR weights."""
-    return torch.exp(beta * advantage).clamp(max=max_weight)
+    """Return ``min(exp(beta * A), max_weight)``, the AWR weights, scaled to a batch mean of 1.
+
+    The scaling keeps the policy's effective learning rate that of BC whatever the size of
+    the advantages (large and noisy while Q and V are still young); only the relative
+    weighting of logged actions changes.
+    """
+    weights = torch.exp(beta * advantage).clamp(max=max_weight)
+    return weights / weights.mean().clamp(min=1e-8)
 
 
 class IQL(Algorithm):

@@ -1,0 +1,104 @@
+"""PolicyToolSelectorMiddleware inside a real `create_agent` graph, with a really trained policy."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("langchain.agents")
+
+from langchain.agents import create_agent  # noqa: E402
+from langchain.agents.middleware import ModelRequest  # noqa: E402
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
+
+from evoharness_agent import EpisodeRecorder, ToolPolicy, load_episodes  # noqa: E402
+from evoharness_agent.middleware import PolicyToolSelectorMiddleware, conversation_state  # noqa: E402
+from evoharness_agent.schema import FINISH  # noqa: E402
+
+WEATHER = "What is the weather like in Tokyo today?"
+POLL = "Wait until job 42 has finished."
+
+
+def choices(llm: object) -> list[tuple[list[str], object]]:
+    return [(sorted(c["tools"]), c["tool_choice"]) for c in llm.calls]
+
+
+def test_narrows_to_top_k_and_forces_only_when_confident(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    llm = kit.llm(kit.call("get_weather", city="Tokyo"), "Sunny in Tokyo.")
+    selector = PolicyToolSelectorMiddleware(policy, top_k=2, force_threshold=0.8)
+    graph = create_agent(llm, kit.tools, middleware=[selector])
+    result = graph.invoke({"messages": [HumanMessage(WEATHER)]})
+    assert result["messages"][-1].content == "Sunny in Tokyo."
+    assert result["messages"][2].content == "Sunny, 21 C in Tokyo"  # the real tool ran
+    (first_tools, first_choice), (second_tools, second_choice) = choices(llm)
+    assert len(first_tools) == 2 and "get_weather" in first_tools and first_choice == "get_weather"
+    assert len(second_tools) == 2 and second_choice is None  # FINISH is never forced
+    assert selector.last_ranking[0].tool == FINISH
+
+
+def test_never_forces_the_same_tool_twice_in_a_row(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    llm = kit.llm(*[kit.call("check_job", job_id="42")] * 3, "Job 42 is still running.")
+    selector = PolicyToolSelectorMiddleware(policy, top_k=1, force_threshold=0.5)
+    create_agent(llm, kit.tools, middleware=[selector]).invoke({"messages": [HumanMessage(POLL)]})
+    # The policy wants check_job again after each poll, confidently: forcing it every time would
+    # leave the model no way to answer.
+    assert [choice for _, choice in choices(llm)] == ["check_job", None, None, None]
+    assert selector.last_ranking[0].tool == "check_job" and selector.last_ranking[0].probability > 0.5
+    assert all(tools == ["check_job"] for tools, _ in choices(llm))
+
+
+def test_not_forced_under_the_threshold_and_always_include(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    llm = kit.llm(kit.call("get_weather", city="Tokyo"), "Sunny.")
+    selector = PolicyToolSelectorMiddleware(policy, top_k=1, force_threshold=None, always_include=["get_time"])
+    create_agent(llm, kit.tools, middleware=[selector]).invoke({"messages": [HumanMessage(WEATHER)]})
+    assert choices(llm)[0] == (["get_time", "get_weather"], None)
+
+
+def test_async_graph_and_a_policy_directory(kit: SimpleNamespace, policy_dir: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVOHARNESS_CACHE_DIR", str(tmp_path))  # the loaded policy's own encoder caches here
+    llm = kit.llm(kit.call("get_weather", city="Tokyo"), "Sunny.")
+    graph = create_agent(llm, kit.tools, middleware=[PolicyToolSelectorMiddleware(policy_dir, top_k=3)])
+    result = asyncio.run(graph.ainvoke({"messages": [HumanMessage(WEATHER)]}))
+    assert result["messages"][-1].content == "Sunny."
+    assert choices(llm)[0][1] == "get_weather" and len(choices(llm)[0][0]) == 3
+
+
+def test_leaves_a_decided_tool_choice_alone(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    request = ModelRequest(model=kit.llm(), messages=[HumanMessage(WEATHER)], tools=kit.tools, tool_choice="any")
+    assert PolicyToolSelectorMiddleware(policy).select(request) is request
+    no_user = ModelRequest(model=kit.llm(), messages=[AIMessage("Hello")], tools=kit.tools)
+    assert PolicyToolSelectorMiddleware(policy).select(no_user) is no_user
+
+
+def test_conversation_state_reads_calls_results_and_turns() -> None:
+    messages = [HumanMessage("Weather in Tokyo?"),
+                AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": "Tokyo"}, "id": "a"}]),
+                ToolMessage("boom", tool_call_id="a", status="error"), AIMessage("Sorry, it failed."),
+                HumanMessage("Try Paris then.")]
+    task, steps = conversation_state(messages)
+    assert task == "Weather in Tokyo?"
+    assert [(s.kind, s.tool, s.observation, s.error, s.content) for s in steps] == [
+        ("tool_call", "get_weather", "boom", True, ""), ("assistant", None, "", False, "Sorry, it failed."),
+        ("user", None, "", False, "Try Paris then.")]
+
+
+def test_recorder_records_create_agent_graphs(kit: SimpleNamespace, policy: ToolPolicy, tmp_path: Path) -> None:
+    path = tmp_path / "graph.jsonl"
+    llm = kit.llm(kit.call("search_web", query="population of Tokyo"), kit.call("calculator", expression="1000 * 2"),
+                  "2000 people.")
+    create_agent(llm, kit.tools).invoke({"messages": [HumanMessage("Find the population of Tokyo and double it.")]},
+                                        {"callbacks": [EpisodeRecorder(path)]})
+    llm = kit.llm(kit.call("get_weather", city="Tokyo"), "Sunny.")
+    create_agent(llm, kit.tools, middleware=[PolicyToolSelectorMiddleware(policy, top_k=1)]).invoke(
+        {"messages": [HumanMessage(WEATHER)]}, {"callbacks": [EpisodeRecorder(path, tools=kit.tools)]})
+    plain, narrowed = load_episodes([path]).episodes
+    assert [(s.tool, s.observation) for s in plain.steps] == [
+        ("search_web", "Tokyo has 1000 people"), ("calculator", "2000"), (None, "")]
+    assert plain.final_answer == "2000 people." and plain.steps[-1].content == "2000 people."
+    assert sorted(plain.tool_names()) == sorted(t.name for t in kit.tools)  # learned from the bound tools
+    assert narrowed.task == WEATHER and [s.tool for s in narrowed.steps] == ["get_weather", None]
+    assert sorted(narrowed.tool_names()) == sorted(t.name for t in kit.tools)  # given: the model saw only one

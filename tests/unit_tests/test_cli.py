@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from synthetic_logs import synthetic_episodes
+from typer.testing import CliRunner
+
+from evoharness_agent import cli
+from evoharness_agent.importers import write_episodes
+
+runner = CliRunner()
+
+FAST_CONFIG = """\
+training: {batch_size: 8, device: cpu, threads: 1, checkpoint_every: 5, eval_every: 5}
+model: {hidden: 8, history_window: 1}
+logging: {tensorboard: false, log_every: 5}
+"""
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli")
+    write_episodes(root / "logs.jsonl", synthetic_episodes())
+    good = (root / "logs.jsonl").read_text().splitlines()
+    # line 3 is broken: a step kind that does not exist
+    bad = [*good[:2], json.dumps({"task": "t", "steps": [{"kind": "bogus"}]}), *good[2:]]
+    (root / "bad.jsonl").write_text("\n".join(bad) + "\n")
+    (root / "fast.yaml").write_text(FAST_CONFIG)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _isolated(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVOHARNESS_CACHE_DIR", str(workdir / "cache"))  # never the user's cache
+    monkeypatch.setattr(cli, "console", Console(width=400))  # no line wrapping inside messages
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_bad_log_line_names_file_line_and_field(workdir: Path) -> None:
+    result = runner.invoke(cli.app, ["train", "--data", str(workdir / "bad.jsonl"), "--out", str(workdir / "nope"),
+                                     "--config", str(workdir / "fast.yaml"), "--steps", "2"])
+    assert result.exit_code == 2, result.output
+    output = flat(result.output)
+    assert "error:" in output
+    assert f"{workdir / 'bad.jsonl'}:3:" in output
+    assert "steps[0].kind" in output
+    assert not (workdir / "nope" / "policy.json").exists()
+
+
+def test_skip_invalid_trains_and_reports(workdir: Path) -> None:
+    out = workdir / "skipping"
+    result = runner.invoke(cli.app, ["train", "--data", str(workdir / "bad.jsonl"), "--out", str(out),
+                                     "--config", str(workdir / "fast.yaml"), "--steps", "3", "--skip-invalid",
+                                     "--algo", "bc"])
+    assert result.exit_code == 0, result.output
+    output = flat(result.output)
+    assert "skipped 1 of 7 lines" in output and "steps[0].kind" in output
+    assert "policy written to" in output
+    meta = json.loads((out / "policy.json").read_text())
+    assert meta["algorithm"] == "bc"
+    assert meta["config"]["data"]["skip_invalid"] is True
+    assert meta["config"]["training"]["steps"] == 3 and meta["network"]["hidden"] == 8
+
+
+def test_train_then_evaluate_json(workdir: Path) -> None:
+    out = workdir / "policy"
+    trained = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(out),
+                                      "--config", str(workdir / "fast.yaml"), "--steps", "5", "--seed", "3"])
+    assert trained.exit_code == 0, trained.output
+    assert (out / "policy.safetensors").is_file()
+    assert json.loads((out / "policy.json").read_text())["config"]["training"]["seed"] == 3
+    report, plot = workdir / "report.json", workdir / "report.png"
+    evaluated = runner.invoke(cli.app, ["evaluate", "--policy", str(out), "--data", str(workdir / "logs.jsonl"),
+                                        "--json", str(report), "--plot", str(plot)])
+    assert evaluated.exit_code == 0, evaluated.output
+    document = json.loads(report.read_text())
+    assert document["n_decisions"] == 9  # the tool calls: 2 in each even episode, 1 in each odd one
+    assert set(document["metrics"]) == {"policy", "random", "most_frequent", "bigram", "embedding_similarity"}
+    for metrics in document["metrics"].values():
+        assert set(metrics) == {"top1", "top3", "mrr"}
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    assert "metrics written to" in flat(evaluated.output)
+
+
+def test_evaluate_reports_bad_logs_cleanly(workdir: Path) -> None:
+    result = runner.invoke(cli.app, ["evaluate", "--policy", str(workdir / "missing"),
+                                     "--data", str(workdir / "logs.jsonl")])
+    assert result.exit_code == 2
+    assert "not a policy directory" in flat(result.output)
+
+
+def test_config_with_unknown_key_errors_clearly(workdir: Path) -> None:
+    config = workdir / "typo.yaml"
+    config.write_text("training:\n  stepz: 10\n")
+    result = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(workdir / "typo"),
+                                     "--config", str(config)])
+    assert result.exit_code == 2, result.output
+    output = flat(result.output)
+    assert str(config) in output and "training.stepz" in output
+    assert "extra inputs are not permitted" in output.lower()
+
+
+def test_config_that_is_not_a_mapping(workdir: Path) -> None:
+    config = workdir / "list.yaml"
+    config.write_text("- training\n- model\n")
+    result = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(workdir / "x"),
+                                     "--config", str(config)])
+    assert result.exit_code == 2
+    assert "must be a mapping" in flat(result.output)
+
+
+def test_unknown_algorithm_setting_in_config(workdir: Path) -> None:
+    config = workdir / "params.yaml"
+    config.write_text(FAST_CONFIG + "algorithm: {name: cql, params: {alpah: 2.0}}\n")
+    result = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(workdir / "p"),
+                                     "--config", str(config), "--steps", "1"])
+    assert result.exit_code == 2, result.output
+    assert "alpah" in flat(result.output)
