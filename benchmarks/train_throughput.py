@@ -124,15 +124,23 @@ class Theirs:
 
     name = "d3rlpy"
 
-    def __init__(self, data: Synthetic, batch_size: int, seed: int) -> None:
-        """Build the MDPDataset and the algorithm (Q-MLP 256×256 → 32)."""
+    def __init__(self, data: Synthetic, batch_size: int, seed: int, same_input: bool = False) -> None:
+        """Build the MDPDataset and the algorithm (Q-MLP 256×256 → 32).
+
+        With ``same_input`` the observations are our full gathered state vectors (all slots and
+        features), so both first layers do the same work; otherwise the plain 384-d state.
+        """
         import d3rlpy
         from d3rlpy.constants import ActionSpace
         from d3rlpy.dataset import MDPDataset
 
         d3rlpy.seed(seed)
+        observations = data.states
+        if same_input:
+            tensors = data.dataset.tensors
+            observations = data.dataset.gather_states(tensors["rows"], tensors["features"]).numpy()
         self.dataset = MDPDataset(
-            observations=data.states, actions=data.actions[:, None], rewards=data.rewards[:, None],
+            observations=observations, actions=data.actions[:, None], rewards=data.rewards[:, None],
             terminals=data.terminals.astype(np.float32), action_space=ActionSpace.DISCRETE, action_size=N_TOOLS)
         self.batch_size = batch_size
         self.algo = d3rlpy.algos.DiscreteCQLConfig(
@@ -141,7 +149,7 @@ class Theirs:
         ).create(device=False)
         self.algo.build_with_dataset(self.dataset)
         self.fixed = self.sample()
-        self.input_dim = STATE_DIM
+        self.input_dim = int(observations.shape[1])
 
     def sample(self) -> Any:
         """Draw one batch."""
@@ -213,6 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for both learners (default: leave torch's default)")
+    parser.add_argument("--same-input", action="store_true",
+                        help="feed d3rlpy our full gathered state vector instead of the 384-d state")
     parser.add_argument("--profile", action="store_true", help="also profile our update at each batch size")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -222,10 +232,10 @@ def main(argv: list[str] | None = None) -> None:
 
     data = make_synthetic(args.transitions, args.seed)
     rows: list[tuple[int, str, float, float]] = []
-    first: tuple[Ours, Theirs] | None = None
     for batch_size in args.batch_sizes:
-        learners: list[Ours | Theirs] = [Ours(data, batch_size, args.seed), Theirs(data, batch_size, args.seed)]
-        first = first or (learners[0], learners[1])  # type: ignore[assignment]
+        ours_learner = Ours(data, batch_size, args.seed)
+        their_learner = Theirs(data, batch_size, args.seed, args.same_input)
+        learners: list[Ours | Theirs] = [ours_learner, their_learner]
         updates = args.updates or (20 if batch_size <= 512 else 5)
         for mode, resample in (("sample+update", True), ("update", False)):
             rates = interleaved(learners, updates, args.rounds, args.warmup, resample)
@@ -233,19 +243,19 @@ def main(argv: list[str] | None = None) -> None:
             rows.append((batch_size, mode, ours, theirs))
         if args.profile:
             print(f"\n-- profile of our update, batch {batch_size} --")
-            profile_ours(learners[0], max(3, updates // 4))  # type: ignore[arg-type]
+            profile_ours(ours_learner, max(3, updates // 4))
 
-    assert first is not None
     print(f"\npython {platform.python_version()}, torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs, torch threads = {torch.get_num_threads()} "
           f"({'set by --threads' if args.threads else 'torch default'}, both learners)")
-    print(f"{args.transitions} transitions, {N_TOOLS} actions, median of {args.rounds} interleaved rounds\n")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"{args.transitions} transitions, {N_TOOLS} actions, median of {args.rounds} interleaved rounds; "
+          f"load average {load} (other processes share these CPUs)\n")
     print(f"{'batch':>6}  {'measure':<14}{'ours tr/s':>12}{'d3rlpy tr/s':>13}{'ours/d3rlpy':>13}")
     for batch_size, mode, ours, theirs in rows:
         print(f"{batch_size:>6}  {mode:<14}{ours:>12,.0f}{theirs:>13,.0f}{ours / theirs:>12.2f}x")
-    ours_learner, their_learner = first
     print(f"""
-What differs (same data, same 384-d state information, same 256-wide hidden layers, Adam):
+What differs (same data, same state information, same 256-wide hidden layers, Adam):
 * ours: two-tower tool-conditioned scorer, {parameters(ours_learner):,} parameters. Its state input is
   {ours_learner.input_dim}-d: the layout has {N_SLOTS} text slots of 384 (request, ...) plus
   {N_STATE_FEATURES} features; only the request slot is non-zero here. Every update also runs the tool tower over the

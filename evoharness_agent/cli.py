@@ -45,10 +45,11 @@ class EnvName(str, Enum):
     """Executable environments."""
 
     bfcl = "bfcl"
+    tau_airline = "tau-airline"
 
 
 class Split(str, Enum):
-    """Which tasks of an environment to run (BFCL: test = scenario % 5 == 0)."""
+    """Which tasks of an environment to run (BFCL: test = scenario % 5 == 0; tau-airline: tasks 40-49)."""
 
     train = "train"
     test = "test"
@@ -267,6 +268,8 @@ def collect(
     args: ArgsOption = Arguments.gold,
     llm: LLMOption = None,
     seed: Annotated[int, typer.Option(help="Random seed of the behaviour.")] = 0,
+    turn_reward: Annotated[float, typer.Option(help="Step reward of each successful turn's FINISH "
+                                                    "(credits partial progress).")] = 0.0,
 ) -> None:
     """Roll out a behaviour policy in an environment: mixed-quality logs with env rewards, for offline RL."""
     from evoharness_agent.importers import write_episodes
@@ -281,7 +284,8 @@ def collect(
         arguments = _arguments_fn(args, _load_llm(llm) if llm else None)
     except (ValueError, FileNotFoundError, ImportError, AttributeError) as error:
         raise _fail(str(error)) from error
-    episodes = run_collect(setup.env, setup.tasks, chooser, arguments=arguments, repeats=repeats)
+    episodes = run_collect(setup.env, setup.tasks, chooser, arguments=arguments, repeats=repeats,
+                           turn_reward=turn_reward)
     write_episodes(out, episodes)
     rewards = [episode.reward or 0.0 for episode in episodes]
     returns = [episode.metadata["rollout"]["return"] for episode in episodes]

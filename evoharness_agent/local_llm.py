@@ -74,6 +74,7 @@ __all__ = [
     "available_cores",
     "build_choice_schema",
     "build_grammar",
+    "build_route_schema",
     "cache_dir",
     "ensure_model",
     "parse_tool_reply",
@@ -494,6 +495,16 @@ def build_choice_schema(functions: Sequence[Mapping[str, Any]]) -> dict[str, Any
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 
+def build_route_schema(functions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Build the schema ``{"tool": <one of the names>}`` for picking a tool by name."""
+    return {
+        "type": "object",
+        "properties": {TOOL_KEY: {"type": "string", "enum": [fn["name"] for fn in functions]}},
+        "required": [TOOL_KEY],
+        "additionalProperties": False,
+    }
+
+
 def build_grammar(schema: Mapping[str, Any]) -> str:
     """Return the LLGuidance grammar that constrains output to compact JSON valid for ``schema``."""
     guided = dict(schema)
@@ -724,8 +735,13 @@ def prepare_call(
     tool_choice: Any = None,
     response_format: Mapping[str, Any] | None = None,
     today: dt.date | None = None,
+    two_stage: bool = True,
 ) -> tuple[str, str | None, list[dict[str, str]], dict[str, Any] | None]:
-    """Build (mode, forced tool, chat messages, JSON schema or None) for one model call."""
+    """Build (mode, forced tool, chat messages, JSON schema or None) for one model call.
+
+    Modes: "text", "forced" (fill one tool's arguments), "route" (first stage of a
+    two-stage choice: pick a tool name) and "choice" (pick a tool and fill it in one pass).
+    """
     mode, forced = _normalize_tool_choice(tool_choice, functions)
     note = ""
     if today is not None:
@@ -741,6 +757,17 @@ def prepare_call(
             f"Call the tool `{forced}` now.\n{_tool_doc(fn)}\n{note}\n"
             "Reply with only the JSON object of its arguments, with values taken from "
             "the conversation."
+        )
+    elif mode == "choice" and two_stage:
+        # Picking the name alone first, from names and descriptions only, then filling the
+        # chosen tool as a forced call, routed 13/16 test requests right vs 11/16 in one pass
+        # (the 0.5B model over-picks the first tool when the arguments' schemas are shown).
+        mode = "route"
+        schema = build_route_schema(functions)
+        docs = "\n".join(f"- {f['name']}: {f.get('description', '').strip()}" for f in functions)
+        extra = (
+            f"Tools:\n{docs}\nWhich one tool does what the user asks? "
+            f'Reply with only JSON: {{"{TOOL_KEY}": <tool name>}}.'
         )
     elif mode == "choice":
         schema = build_choice_schema(functions)
@@ -758,6 +785,28 @@ def prepare_call(
             f"{json.dumps(_strip_titles(schema), ensure_ascii=False)}\n{note}"
         )
     return mode, forced, _to_chat_messages(messages, extra), schema
+
+
+def _reply_text(response: Mapping[str, Any]) -> str:
+    """Return the assistant text of a chat-completion response."""
+    return _text(response["choices"][0].get("message", {}).get("content") or "")
+
+
+def _add_usage(total: dict[str, int], response: Mapping[str, Any]) -> None:
+    """Add a response's token counts to ``total`` (a two-stage choice makes two calls)."""
+    for key, value in (response.get("usage") or {}).items():
+        if isinstance(value, int):
+            total[key] = total.get(key, 0) + value
+
+
+def _parse_route(content: str, names: Sequence[str]) -> str | None:
+    """Return the tool name picked by a route reply, or None if it is not a bound tool."""
+    try:
+        data = json.loads(content)
+    except json.JSONDecodeError:
+        return None
+    name = data.get(TOOL_KEY) if isinstance(data, dict) else None
+    return name if name in names else None
 
 
 # --------------------------------------------------------------------------- the model
@@ -792,6 +841,9 @@ class LocalChatModel(BaseChatModel):
     """The date given to the model as today for tool and structured calls (None: today)."""
     date_in_prompt: bool = True
     """Whether tool and structured calls tell the model today's date and the coming week."""
+    two_stage_choice: bool = True
+    """Choose among several tools by picking the name first, then filling that tool's
+    arguments (two calls, better routing), instead of one ``{"tool", "arguments"}`` reply."""
     verbose: bool = False
     """Whether llama.cpp logs to stderr."""
 
@@ -940,25 +992,40 @@ class LocalChatModel(BaseChatModel):
     ) -> ChatResult:
         """Generate one reply: plain text, a constrained tool call, or constrained JSON."""
         functions: list[dict[str, Any]] = list(kwargs.get("tools") or [])
+        names = [f["name"] for f in functions]
+        today = self._today() if self.date_in_prompt else None
         mode, forced, chat, schema = prepare_call(
             messages,
             functions,
             kwargs.get("tool_choice"),
             kwargs.get("response_format"),
-            today=self._today() if self.date_in_prompt else None,
+            today=today,
+            two_stage=self.two_stage_choice,
         )
-        response = self._complete(chat, stop, schema)
+        usage: dict[str, int] = {}
+        response = self._complete(chat, None if mode == "route" else stop, schema)
+        _add_usage(usage, response)
+        content = _reply_text(response)
+        message: AIMessage | None = None
+        if mode == "route":
+            picked = _parse_route(content, names)
+            if picked is None:
+                message = parse_tool_reply(content, forced=None, names=names)
+            else:
+                mode, forced, chat, schema = prepare_call(messages, functions, picked, today=today)
+                response = self._complete(chat, stop, schema)
+                _add_usage(usage, response)
+                content = _reply_text(response)
+        if message is None:
+            if mode in ("forced", "choice"):
+                message = parse_tool_reply(content, forced=forced, names=names)
+            else:
+                message = AIMessage(content=content)
         choice = response["choices"][0]
-        content = _text(choice.get("message", {}).get("content") or "")
-        if mode in ("forced", "choice"):
-            message = parse_tool_reply(content, forced=forced, names=[f["name"] for f in functions])
-        else:
-            message = AIMessage(content=content)
-        usage = response.get("usage") or {}
         message.usage_metadata = UsageMetadata(
-            input_tokens=int(usage.get("prompt_tokens", 0)),
-            output_tokens=int(usage.get("completion_tokens", 0)),
-            total_tokens=int(usage.get("total_tokens", 0)),
+            input_tokens=usage.get("prompt_tokens", 0),
+            output_tokens=usage.get("completion_tokens", 0),
+            total_tokens=usage.get("total_tokens", 0),
         )
         message.response_metadata = {
             "model_name": Path(self.model_path).name,

@@ -80,21 +80,21 @@ class ToolScorer(nn.Module):
         self.pair_weight = nn.Parameter(torch.zeros(N_PAIR_FEATURES))
 
     def encode_tools(self, tool_embeddings: torch.Tensor, tool_ids: torch.Tensor | None) -> torch.Tensor:
-        """Return ``(N, k)`` tool features: tower output, raw embedding twice, bias."""
+        """Return ``(N, k)`` tool features: tower output, the two bilinear maps' images, bias."""
         features = self.tool_tower(tool_embeddings) * self.scale
         bias = torch.zeros_like(features[:, :1])
         if self.bias is not None and tool_ids is not None:
             known = tool_ids >= 0
             bias = torch.where(known[:, None], self.bias(tool_ids.clamp(min=0)) * SCALAR_GAIN, bias)
-        return torch.cat([features, tool_embeddings, tool_embeddings, bias], dim=1)
+        # request·P·tool is computed as request·(tool·Pᵀ)ᵀ: the map runs over N tools, not B states.
+        mapped = [tool_embeddings @ self.request_map.weight, tool_embeddings @ self.previous_map.weight]
+        return torch.cat([features, *mapped, bias], dim=1)
 
     def encode_states(self, states: torch.Tensor) -> torch.Tensor:
         """Return ``(B, k)`` state features matching :meth:`encode_tools` column for column."""
-        request = states[:, : self.tool_dim]
-        previous = states[:, self.tool_dim : 2 * self.tool_dim]
         features = self.state_tower(states)
         ones = torch.ones_like(features[:, :1])
-        return torch.cat([features, self.request_map(request), self.previous_map(previous), ones], dim=1)
+        return torch.cat([features, states[:, : 2 * self.tool_dim], ones], dim=1)
 
     def forward(self, states: torch.Tensor, tool_embeddings: torch.Tensor,
                 tool_ids: torch.Tensor | None = None, pairs: torch.Tensor | None = None) -> torch.Tensor:

@@ -60,11 +60,12 @@ __all__ = [
     "llm_arguments",
     "load_environment",
     "print_online_report",
+    "reward_turns",
     "rollout",
 ]
 
 BEHAVIOURS = ("random", "epsilon-policy", "policy")
-ENVIRONMENTS = ("bfcl",)
+ENVIRONMENTS = ("bfcl", "tau-airline")
 SPLITS = ("train", "test", "all")
 
 ArgumentsFn = Callable[[ToolUseEnv, str], ToolAction]
@@ -397,9 +398,31 @@ def rollout(env: ToolUseEnv, chooser: Chooser, task: Task | Episode | str | None
         truncated=env.truncated)
 
 
+def reward_turns(episode: Episode, turn_reward: float) -> Episode:
+    """Return a copy whose FINISH steps that closed a successful turn carry ``turn_reward`` as ``Step.reward``.
+
+    Turn outcomes come from a rollout's ``metadata["rollout"]["turn_success"]``; a log without
+    them (a gold demonstration) counts every turn as successful when its reward is 1.0.
+    :func:`~evoharness_agent.rewards.shape_rewards` adds step rewards to its shaping, so
+    offline RL then credits partial progress, not only whole-episode success.
+    """
+    episode = episode.model_copy(deep=True)
+    finishes = [step for step in episode.steps if step.kind == "assistant"]
+    outcomes = episode.metadata.get("rollout", {}).get("turn_success")
+    if outcomes is None:
+        outcomes = [episode.reward == 1.0] * len(finishes)
+    for step, success in zip(finishes, outcomes, strict=False):
+        if success:
+            step.reward = (step.reward or 0.0) + turn_reward
+    return episode
+
+
 def collect(env: ToolUseEnv, tasks: Iterable[Task | Episode], chooser: Chooser, *,
-            arguments: ArgumentsFn = gold_arguments, repeats: int = 1) -> list[Episode]:
-    """Roll ``chooser`` out ``repeats`` times per task; return the runs as native episodes with env rewards."""
+            arguments: ArgumentsFn = gold_arguments, repeats: int = 1, turn_reward: float = 0.0) -> list[Episode]:
+    """Roll ``chooser`` out ``repeats`` times per task; return the runs as native episodes with env rewards.
+
+    ``turn_reward`` > 0 also rewards each successful turn (see :func:`reward_turns`).
+    """
     episodes = []
     for task in tasks:
         for repeat in range(repeats):
@@ -408,7 +431,7 @@ def collect(env: ToolUseEnv, tasks: Iterable[Task | Episode], chooser: Chooser, 
             # Distinct ids per run, so several runs of one task are distinct log lines.
             episode.id = f"{episode.id}:{chooser.name}:{repeat}"
             episode.metadata["behaviour"] = chooser.name
-            episodes.append(episode)
+            episodes.append(reward_turns(episode, turn_reward) if turn_reward else episode)
     return episodes
 
 
@@ -558,20 +581,34 @@ class EnvSetup:
 
 def load_environment(name: str, *, variant: str = "base", split: str = "test",
                      limit: int | None = None) -> EnvSetup:
-    """Build a bundled environment with its tasks: ``bfcl`` (scenario % 5 == 0 is the test split)."""
-    from evoharness_agent.datasets import BFCL_VARIANTS, bfcl_paths, read_native, split_bfcl
+    """Build a bundled environment with its tasks and training logs.
+
+    ``bfcl``: BFCL multi-turn ``variant`` scenarios, test = scenario % 5 == 0. ``tau-airline``:
+    the 50 tau-bench airline tasks with replayed gold calls, test = task index 40-49 (the
+    held-out tasks of the gpt-4o logs too). ``limit`` keeps the first tasks of the split.
+    """
+    from evoharness_agent.datasets import BFCL_VARIANTS, bfcl_paths, read_native, split_bfcl, tau_airline_test_path
 
     if name not in ENVIRONMENTS:
         raise ValueError(f"unknown environment {name!r}; expected one of {ENVIRONMENTS}")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
-    if variant not in BFCL_VARIANTS:
-        raise ValueError(f"unknown BFCL variant {variant!r}; expected one of {BFCL_VARIANTS}")
-    from evoharness_agent.bfcl_env import BFCLEnvironment
+    if name == "bfcl":
+        if variant not in BFCL_VARIANTS:
+            raise ValueError(f"unknown BFCL variant {variant!r}; expected one of {BFCL_VARIANTS}")
+        from evoharness_agent.bfcl_env import BFCLEnvironment
 
-    episodes = read_native(bfcl_paths([variant])[0])
-    train, test = split_bfcl(episodes)
+        episodes = read_native(bfcl_paths([variant])[0])
+        train, test = split_bfcl(episodes)
+        label, make = f"bfcl-{variant}-{split}", BFCLEnvironment
+    else:
+        from evoharness_agent.tau_airline_env import TauAirlineEnvironment, tau_airline_split
+
+        episodes = read_native(tau_airline_test_path())
+        train, test = tau_airline_split(episodes)
+        label, make = f"tau-airline-{split}", TauAirlineEnvironment
     tasks = {"train": train, "test": test, "all": episodes}[split][:limit]
     if not tasks:
-        raise ValueError(f"no {split} tasks in BFCL {variant}")
-    return EnvSetup(f"bfcl-{variant}-{split}", BFCLEnvironment(tasks[0]), tasks, train)
+        raise ValueError(f"no {split} tasks in {label}")
+    env = make(tasks[0])
+    return EnvSetup(label, env, tasks, train)

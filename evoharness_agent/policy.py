@@ -85,8 +85,7 @@ class ToolPolicy:
         self.history_window = int(meta["history_window"])
         self.known_tools = {name: i for i, name in enumerate(meta["known_tools"])}
         self._lock = threading.Lock()
-        for module in algorithm.modules.values():
-            module.eval()
+        algorithm.set_training(False)
 
     @classmethod
     def load(cls, path: str | Path, *, encoder: StateEncoder | None = None,

@@ -1,7 +1,8 @@
 """The training loop: logs → transitions → offline RL → checkpoints → a policy directory.
 
 The loop is deliberately lean: transitions live on the device as tensors, a batch is a
-``randint`` plus ``index_select``, each network runs one forward pass per step, Adam is
+``randint`` plus ``index_select``, each network runs one differentiable forward pass per
+step (next states go through ``no_grad`` passes, so backward touches B rows, not 2B), Adam is
 fused, target networks move with one foreach op, and losses reach the CPU only every
 ``log_every`` steps. A checkpoint (weights, optimiser, generator state) is written
 atomically every ``checkpoint_every`` steps; ``resume=True`` continues from it.
@@ -237,11 +238,9 @@ def train_on_episodes(
                 shown = "  ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in metrics.items())
                 progress.update(bar, losses=shown)
             if step % config.training.eval_every == 0 or step == steps:
-                for module in algorithm.modules.values():
-                    module.eval()
+                algorithm.set_training(False)
                 val = next_tool_accuracy(algorithm, dataset, val_index)
-                for module in algorithm.modules.values():
-                    module.train()
+                algorithm.set_training(True)
                 metrics.update(val)
                 if writer is not None:
                     for key, value in val.items():

@@ -18,7 +18,6 @@ from evoharness_agent.algorithms.common import (
     Algorithm,
     Dims,
     ToolInputs,
-    both,
     greedy,
     polyak,
     td_target,
@@ -67,19 +66,20 @@ class BCQ(Algorithm):
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One gradient step on TD + imitation losses, then Polyak."""
-        cfg, n = self.config, batch.states.shape[0]
-        states, pairs = torch.cat([batch.states, batch.next_states]), both(batch.pairs, batch.next_pairs)
-        q_both = self.score("q", states, pairs)
-        g_both = self.score("imitation", states, pairs)
+        cfg = self.config
+        q_all = self.score("q", batch.states, batch.pairs)
+        imitation = self.score("imitation", batch.states, batch.pairs)
+        # s' only picks the bootstrap action: no graph, so backward covers B rows, not 2B.
         with torch.no_grad():
-            allowed = allowed_actions(g_both[n:], batch.next_masks, cfg.threshold)
-            next_actions = greedy(q_both[n:], allowed)
+            allowed = allowed_actions(self.score("imitation", batch.next_states, batch.next_pairs),
+                                      batch.next_masks, cfg.threshold)
+            next_actions = greedy(self.score("q", batch.next_states, batch.next_pairs), allowed)
             q_next = self.score("q_target", batch.next_states, batch.next_pairs)
             q_next = q_next.gather(1, next_actions[:, None]).squeeze(1)
             target = td_target(batch.rewards, batch.dones, q_next, cfg.gamma)
-        q_taken = q_both[:n].gather(1, batch.actions[:, None]).squeeze(1)
+        q_taken = q_all.gather(1, batch.actions[:, None]).squeeze(1)
         loss_td = F.smooth_l1_loss(q_taken, target)
-        loss_imitation = bc_loss(g_both[:n], batch.actions, batch.masks)
+        loss_imitation = bc_loss(imitation, batch.actions, batch.masks)
         self.step(loss_td + loss_imitation)
         polyak(self.modules["q_target"], self.modules["q"], cfg.tau)
         return {"loss/td": loss_td.detach(), "loss/imitation": loss_imitation.detach(),

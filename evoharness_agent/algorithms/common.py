@@ -9,7 +9,7 @@ from torch import nn
 
 from evoharness_agent.networks import NetworkConfig, StateValue, ToolScorer, masked_scores
 
-__all__ = ["Algorithm", "Dims", "ToolInputs", "adam", "both", "greedy", "polyak", "td_target"]
+__all__ = ["Algorithm", "Dims", "ToolInputs", "adam", "greedy", "polyak", "td_target"]
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,6 @@ def td_target(rewards: torch.Tensor, dones: torch.Tensor, next_values: torch.Ten
     return rewards + gamma * (1.0 - dones) * next_values.float()
 
 
-def both(first: torch.Tensor | None, second: torch.Tensor | None) -> torch.Tensor | None:
-    """Stack s and s' inputs (or their pair features) for one forward pass over both."""
-    return None if first is None or second is None else torch.cat([first, second])
-
-
 def greedy(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Return the best available action of each row."""
     return masked_scores(scores, mask).argmax(dim=1)
@@ -82,11 +77,23 @@ class Algorithm:
         """Remember the tool table; subclasses add modules, then call :meth:`_finish_init`."""
         self.tools = tools
         self.modules: dict[str, nn.Module] = {}
+        self.trainable: tuple[str, ...] = ()
         self.optimizer: torch.optim.Optimizer | None = None
 
     def _finish_init(self, trainable: list[str], lr: float, weight_decay: float = 0.0) -> None:
-        """Create the optimiser over the ``trainable`` modules."""
+        """Create the optimiser over the ``trainable`` modules and enter training mode."""
+        self.trainable = tuple(trainable)
         self.optimizer = adam([self.modules[n] for n in trainable], lr, weight_decay)
+        self.set_training(True)
+
+    def set_training(self, training: bool) -> None:
+        """Put trained modules in train or eval mode; target copies always stay in eval mode.
+
+        A target network is a slow average used to compute TD targets: dropout noise in it
+        would only add variance to the targets (and to IQL's advantages).
+        """
+        for name, module in self.modules.items():
+            module.train(training and name in self.trainable)
 
     def step(self, loss: torch.Tensor) -> None:
         """Apply one gradient step."""

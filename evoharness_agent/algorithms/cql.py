@@ -18,7 +18,6 @@ from evoharness_agent.algorithms.common import (
     Algorithm,
     Dims,
     ToolInputs,
-    both,
     greedy,
     polyak,
     td_target,
@@ -69,12 +68,11 @@ class CQL(Algorithm):
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One gradient step: TD + conservative penalty, then Polyak."""
-        cfg, n = self.config, batch.states.shape[0]
-        # One forward pass of the online net for s and s' together.
-        q_both = self.score("q", torch.cat([batch.states, batch.next_states]), both(batch.pairs, batch.next_pairs))
-        q_all, q_next_online = q_both[:n], q_both[n:].detach()
+        cfg = self.config
+        q_all = self.score("q", batch.states, batch.pairs)
+        # s' only selects the double-DQN action: no graph, so backward covers B rows, not 2B.
         with torch.no_grad():
-            next_actions = greedy(q_next_online, batch.next_masks)
+            next_actions = greedy(self.score("q", batch.next_states, batch.next_pairs), batch.next_masks)
             q_next = self.score("q_target", batch.next_states, batch.next_pairs)
             q_next = q_next.gather(1, next_actions[:, None]).squeeze(1)
             target = td_target(batch.rewards, batch.dones, q_next, cfg.gamma)

@@ -80,13 +80,14 @@ class IQL(Algorithm):
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One gradient step on the value, Q and policy losses, then Polyak."""
-        cfg, n = self.config, batch.states.shape[0]
+        cfg = self.config
         take = batch.actions[:, None]
         with torch.no_grad():
             q_target = torch.minimum(self.score("q1_target", batch.states, batch.pairs).gather(1, take),
                                      self.score("q2_target", batch.states, batch.pairs).gather(1, take)).squeeze(1)
-        values = self.modules["value"](torch.cat([batch.states, batch.next_states])).float()
-        value, next_value = values[:n], values[n:].detach()
+        value = self.modules["value"](batch.states).float()
+        with torch.no_grad():
+            next_value = self.modules["value"](batch.next_states).float()
         loss_value = expectile_loss(q_target - value, cfg.expectile)
 
         target = td_target(batch.rewards, batch.dones, next_value, cfg.gamma)
@@ -101,7 +102,7 @@ class IQL(Algorithm):
         polyak(self.modules["q1_target"], self.modules["q1"], cfg.tau)
         polyak(self.modules["q2_target"], self.modules["q2"], cfg.tau)
         return {"loss/value": loss_value.detach(), "loss/q": loss_q.detach(),
-                "loss/policy": loss_policy.detach(), "adv/weight": weights.mean()}
+                "loss/policy": loss_policy.detach(), "adv/mean": (q_target - value.detach()).mean()}
 
     def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
         """Policy logits."""

@@ -353,7 +353,12 @@ def test_prepare_call_modes_and_history_rendering():
     assert 'get_weather with arguments {"city": "Berlin"}' in chat[2]["content"]
     assert chat[3]["content"] == "Result of get_weather: 12C, rain"
 
-    mode, _, chat, schema = ll.prepare_call(history, [_fn(search_flights), _fn(get_weather)], "auto", today=None)
+    two = [_fn(search_flights), _fn(get_weather)]
+    mode, _, chat, schema = ll.prepare_call(history, two, "auto", today=None)
+    assert mode == "route" and schema == ll.build_route_schema(two)
+    assert schema["properties"]["tool"]["enum"] == ["search_flights", "get_weather"]
+    assert "parameters" not in chat[0]["content"]  # names and descriptions only
+    mode, _, chat, schema = ll.prepare_call(history, two, "auto", today=None, two_stage=False)
     assert mode == "choice" and "anyOf" in schema and "Today" not in chat[0]["content"]
 
     fmt = {"type": "json_schema", "json_schema": {"schema": Contact.model_json_schema()}}
@@ -442,14 +447,30 @@ def test_forced_tool_call_end_to_end(fake_llm):
     assert "tools" not in request  # xllamacpp's own tool calling is never used
 
 
-def test_choice_text_and_async(fake_llm):
-    model, server = fake_llm('{"tool": "get_weather", "arguments": {"city": "Rome"}}', "It is sunny in Rome.")
+def test_two_stage_choice_text_and_async(fake_llm):
+    model, server = fake_llm('{"tool": "get_weather"}', '{"city": "Rome"}', "It is sunny in Rome.")
     bound = model.bind_tools([search_flights, get_weather], tool_choice="any")
     msg = asyncio.run(bound.ainvoke("Weather in Rome?"))
     assert msg.tool_calls[0]["name"] == "get_weather"
+    assert msg.tool_calls[0]["args"] == {"city": "Rome"}
+    assert msg.usage_metadata["total_tokens"] == 36  # both stages are counted
+    route, fill = server.requests[0], server.requests[1]
+    assert '"enum": ["search_flights", "get_weather"]' in route["grammar"]
+    assert "Call the tool `get_weather` now" in fill["messages"][0]["content"]
     text = model.invoke("Weather in Rome?", stop=["\n\n"])
     assert text.content == "It is sunny in Rome." and not text.tool_calls
-    assert "grammar" not in server.requests[1] and server.requests[1]["stop"] == ["\n\n"]
+    assert "grammar" not in server.requests[2] and server.requests[2]["stop"] == ["\n\n"]
+
+
+def test_one_pass_choice_and_bad_route(fake_llm):
+    model, server = fake_llm('{"tool": "get_weather", "arguments": {"city": "Rome"}}', '{"tool": "nope"}')
+    one_pass = model.model_copy(update={"two_stage_choice": False})
+    msg = one_pass.bind_tools([search_flights, get_weather]).invoke("Weather in Rome?")
+    assert (msg.tool_calls[0]["name"], msg.tool_calls[0]["args"]) == ("get_weather", {"city": "Rome"})
+    assert "anyOf" in server.requests[0]["grammar"]
+    bad = model.bind_tools([search_flights, get_weather]).invoke("?")
+    assert not bad.tool_calls and "unknown tool" in bad.invalid_tool_calls[0]["error"]
+    assert len(server.requests) == 2  # no second stage after an unusable route
 
 
 def test_structured_output(fake_llm):
