@@ -9,6 +9,7 @@ from evoharness_agent.evaluation import OfflineReport, evaluate_offline
 from evoharness_agent.executor import PolicyAgentExecutor
 from evoharness_agent.guardrails import Guardrails
 from evoharness_agent.importers import LoadResult, LogFormatError, detect_format, load_episodes, write_episodes
+from evoharness_agent.local_llm import LocalChatModel
 from evoharness_agent.policy import PolicySession, ToolPolicy, ToolScore
 from evoharness_agent.recorder import EpisodeRecorder, PIIScrubber
 from evoharness_agent.rewards import RewardConfig, shape_rewards
@@ -23,6 +24,7 @@ __all__ = [
     "EpisodeRecorder",
     "Guardrails",
     "LoadResult",
+    "LocalChatModel",
     "LogFormatError",
     "OfflineReport",
     "PIIScrubber",

@@ -270,6 +270,8 @@ def collect(
     seed: Annotated[int, typer.Option(help="Random seed of the behaviour.")] = 0,
     turn_reward: Annotated[float, typer.Option(help="Step reward of each successful turn's FINISH "
                                                     "(credits partial progress).")] = 0.0,
+    until_failure: Annotated[bool, typer.Option(help="Cut each run after its first failed turn (env state "
+                                                     "carries over, so later turns would fail anyway).")] = False,
 ) -> None:
     """Roll out a behaviour policy in an environment: mixed-quality logs with env rewards, for offline RL."""
     from evoharness_agent.importers import write_episodes
@@ -285,7 +287,7 @@ def collect(
     except (ValueError, FileNotFoundError, ImportError, AttributeError) as error:
         raise _fail(str(error)) from error
     episodes = run_collect(setup.env, setup.tasks, chooser, arguments=arguments, repeats=repeats,
-                           turn_reward=turn_reward)
+                           turn_reward=turn_reward, until_failure=until_failure)
     write_episodes(out, episodes)
     rewards = [episode.reward or 0.0 for episode in episodes]
     returns = [episode.metadata["rollout"]["return"] for episode in episodes]
@@ -297,11 +299,14 @@ def collect(
 def demo(
     out: Annotated[Path, typer.Option(help="Where to write the demo's policies and plots.")] = Path("runs/demo"),
     steps: Annotated[int, typer.Option(help="Gradient steps per algorithm.")] = 1500,
+    agent: Annotated[bool, typer.Option(help="Then run the shipped policy as an agent with the local LLM "
+                                             "on held-out BFCL scenarios.")] = True,
+    policy: Annotated[Path | None, typer.Option(help="Policy the agent part runs (default: trained/default).")] = None,
 ) -> None:
-    """Train on bundled BFCL logs (scenarios ≢ 0 mod 5), evaluate on the rest vs baselines."""
-    from evoharness_agent.demo import run_demo
+    """Train on bundled BFCL logs (scenarios ≢ 0 mod 5), evaluate on the rest vs baselines, run the shipped policy."""
+    from evoharness_agent.demo import SHIPPED_POLICY, run_demo
 
-    run_demo(out, steps=steps, console=console)
+    run_demo(out, steps=steps, agent=agent, policy_dir=policy or SHIPPED_POLICY, console=console)
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -55,7 +55,7 @@ from evoharness_agent.guardrails import GuardedRun, Guardrails
 from evoharness_agent.policy import PolicySession, ToolPolicy, ToolScore, as_tool_spec
 from evoharness_agent.schema import FINISH, Step
 
-__all__ = ["RUN_EVENT", "STEP_EVENT", "STOPPED_OUTPUT", "PolicyAgentAction", "PolicyAgentExecutor"]
+__all__ = ["RANK_EVENT", "RUN_EVENT", "STEP_EVENT", "STOPPED_OUTPUT", "PolicyAgentAction", "PolicyAgentExecutor"]
 
 STOPPED_OUTPUT = "Agent stopped due to max iterations."
 """The answer when a run hits ``max_iterations`` or ``max_execution_time``: `AgentExecutor`'s
@@ -66,6 +66,11 @@ RUN_EVENT = "evoharness_agent.run"
 
 STEP_EVENT = "evoharness_agent.step"
 """Custom callback event for a step whose tool did not run (refused, invalid arguments)."""
+
+RANK_EVENT = "evoharness_agent.rank"
+"""Custom callback event each time the policy ranks a step, before the decision is acted on:
+``{"iteration": tool calls so far, "ranking": [{"tool", "score", "probability"}, ...] best first}``
+(every available tool and FINISH; not fired in ``llm`` mode)."""
 
 # A policy embeds with one encoder and swaps its tool table per call: concurrent runs (batch,
 # async) must take turns. Ranking takes milliseconds, so the lock costs little.
@@ -334,6 +339,8 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         config = {"callbacks": run_manager.get_child()}
         available = run.guard.available(tool.name for tool in self.tools)
         candidates = self._llm_candidates(run, available)
+        if run.ranking:
+            config["callbacks"].on_custom_event(RANK_EVENT, self._rank_event(run), run_id=run_manager.run_id)
         if candidates is not None:
             try:
                 return self._from_choice(run, choose_tool(self.llm, candidates, self._messages(run), config),
@@ -437,6 +444,8 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         config = {"callbacks": run_manager.get_child()}
         available = run.guard.available(tool.name for tool in self.tools)
         candidates = self._llm_candidates(run, available)
+        if run.ranking:
+            await config["callbacks"].on_custom_event(RANK_EVENT, self._rank_event(run), run_id=run_manager.run_id)
         if candidates is not None:
             try:
                 choice = await achoose_tool(self.llm, candidates, self._messages(run), config)
@@ -581,6 +590,11 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         if self.return_intermediate_steps:
             outputs["intermediate_steps"] = run.steps
         return outputs
+
+    @staticmethod
+    def _rank_event(run: _Run) -> dict[str, Any]:
+        """Return the data of :data:`RANK_EVENT`: the policy's ranking of this step."""
+        return {"iteration": run.iterations, "ranking": [asdict(score) for score in run.ranking]}
 
     def _run_event(self) -> dict[str, Any]:
         """Return the data of :data:`RUN_EVENT`: the tools (for the recorder) and the mode."""

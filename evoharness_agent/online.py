@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,6 +63,7 @@ __all__ = [
     "print_online_report",
     "reward_turns",
     "rollout",
+    "truncate_at_failed_turn",
 ]
 
 BEHAVIOURS = ("random", "epsilon-policy", "policy")
@@ -417,11 +419,34 @@ def reward_turns(episode: Episode, turn_reward: float) -> Episode:
     return episode
 
 
+def truncate_at_failed_turn(episode: Episode) -> Episode:
+    """Return a copy of a rollout that ends with the FINISH of its first failed turn.
+
+    In multi-turn environments whose state carries over (BFCL), a failed turn leaves the
+    state off the gold path, so every later turn fails whatever the agent does: keeping those
+    steps would teach offline RL that right calls are worthless. The cut run is a failure.
+    """
+    outcomes = episode.metadata.get("rollout", {}).get("turn_success")
+    if not outcomes or all(outcomes):
+        return episode
+    episode = episode.model_copy(deep=True)
+    failed_turn = outcomes.index(False)
+    finishes = [index for index, step in enumerate(episode.steps) if step.kind == "assistant"]
+    episode.steps = episode.steps[: finishes[failed_turn] + 1]
+    episode.final_answer = episode.steps[-1].content or ""
+    episode.metadata["rollout"]["turn_success"] = outcomes[: failed_turn + 1]
+    episode.metadata["truncated_at_failed_turn"] = failed_turn
+    episode.reward = 0.0
+    return episode
+
+
 def collect(env: ToolUseEnv, tasks: Iterable[Task | Episode], chooser: Chooser, *,
-            arguments: ArgumentsFn = gold_arguments, repeats: int = 1, turn_reward: float = 0.0) -> list[Episode]:
+            arguments: ArgumentsFn = gold_arguments, repeats: int = 1, turn_reward: float = 0.0,
+            until_failure: bool = False) -> list[Episode]:
     """Roll ``chooser`` out ``repeats`` times per task; return the runs as native episodes with env rewards.
 
-    ``turn_reward`` > 0 also rewards each successful turn (see :func:`reward_turns`).
+    ``turn_reward`` > 0 also rewards each successful turn (see :func:`reward_turns`);
+    ``until_failure`` cuts each run after its first failed turn (see :func:`truncate_at_failed_turn`).
     """
     episodes = []
     for task in tasks:
@@ -431,6 +456,8 @@ def collect(env: ToolUseEnv, tasks: Iterable[Task | Episode], chooser: Chooser, 
             # Distinct ids per run, so several runs of one task are distinct log lines.
             episode.id = f"{episode.id}:{chooser.name}:{repeat}"
             episode.metadata["behaviour"] = chooser.name
+            if until_failure:
+                episode = truncate_at_failed_turn(episode)
             episodes.append(reward_turns(episode, turn_reward) if turn_reward else episode)
     return episodes
 
@@ -585,7 +612,8 @@ def load_environment(name: str, *, variant: str = "base", split: str = "test",
 
     ``bfcl``: BFCL multi-turn ``variant`` scenarios, test = scenario % 5 == 0. ``tau-airline``:
     the 50 tau-bench airline tasks with replayed gold calls, test = task index 40-49 (the
-    held-out tasks of the gpt-4o logs too). ``limit`` keeps the first tasks of the split.
+    held-out tasks of the gpt-4o logs too); a task succeeds when the database equals the gold
+    one and every gold call's result was seen (``check_results``). ``limit`` keeps the first tasks of the split.
     """
     from evoharness_agent.datasets import BFCL_VARIANTS, bfcl_paths, read_native, split_bfcl, tau_airline_test_path
 
@@ -606,7 +634,9 @@ def load_environment(name: str, *, variant: str = "base", split: str = "test",
 
         episodes = read_native(tau_airline_test_path())
         train, test = tau_airline_split(episodes)
-        label, make = f"tau-airline-{split}", TauAirlineEnvironment
+        # Reads count too: with the state check alone, the 20 read-only tasks succeed by
+        # answering at once, and a policy that never calls a tool scores 0.7 on the test tasks.
+        label, make = f"tau-airline-{split}", partial(TauAirlineEnvironment, check_results=True)
     tasks = {"train": train, "test": test, "all": episodes}[split][:limit]
     if not tasks:
         raise ValueError(f"no {split} tasks in {label}")

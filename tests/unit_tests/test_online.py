@@ -29,7 +29,9 @@ from evoharness_agent.online import (
     evaluate_online,
     gold_arguments,
     llm_arguments,
+    reward_turns,
     rollout,
+    truncate_at_failed_turn,
 )
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
@@ -261,6 +263,27 @@ def test_collect_writes_reimportable_mixed_episodes(tmp_path: Path) -> None:
         # A run cut short by max_steps logs only the turns it reached.
         turns = Task.from_episode(episode).turns
         assert turns == make_task().turns[:len(turns)]
+
+
+def test_runs_are_cut_after_the_first_failed_turn_and_turns_rewarded() -> None:
+    env = CounterEnv()
+    # Turn 0 fails (FINISH before add), so turn 1 is cut although read_counter would succeed.
+    [failed] = collect(env, [make_task()], Scripted([FINISH, "read_counter", FINISH]), until_failure=True,
+                       turn_reward=2.0)
+    assert [s.kind for s in failed.steps] == ["assistant"] and failed.reward == 0.0
+    assert failed.metadata["rollout"]["turn_success"] == [False]
+    assert failed.metadata["truncated_at_failed_turn"] == 0 and failed.steps[0].reward is None
+    # A fully successful run is kept whole, every turn's FINISH rewarded.
+    [whole] = collect(env, [make_task()], Scripted(["add", FINISH, "read_counter", FINISH]), until_failure=True,
+                      turn_reward=2.0)
+    assert whole.reward == 1.0 and truncate_at_failed_turn(whole) == whole
+    assert [s.reward for s in whole.steps if s.kind == "assistant"] == [2.0, 2.0]
+    # A gold demonstration without turn outcomes: every turn counts as successful.
+    demo = whole.model_copy(deep=True)
+    demo.metadata.pop("rollout")
+    for step in demo.steps:
+        step.reward = None
+    assert [s.reward for s in reward_turns(demo, 1.5).steps if s.kind == "assistant"] == [1.5, 1.5]
 
 
 def test_policy_chooser_with_a_tiny_trained_policy(tmp_path: Path, encoder: StateEncoder) -> None:

@@ -12,7 +12,8 @@ import pytest
 import evoharness_agent
 
 EXPECTED_ALL = {
-    "FINISH", "Episode", "EpisodeRecorder", "Guardrails", "LoadResult", "LogFormatError", "OfflineReport",
+    "FINISH", "Episode", "EpisodeRecorder", "Guardrails", "LoadResult", "LocalChatModel", "LogFormatError",
+    "OfflineReport",
     "PIIScrubber", "PolicyAgentExecutor", "PolicySession", "RewardConfig", "StateEncoder", "Step", "ToolPolicy",
     "ToolScore", "ToolSpec", "TrainConfig", "TransitionDataset", "build_dataset", "detect_format",
     "evaluate_offline", "load_config", "load_episodes", "shape_rewards", "train", "train_on_episodes",
