@@ -22,8 +22,9 @@ calls over the same 16 tools (``bind_tools(tools, tool_choice="any")``, requests
 BFCL file-system scenarios): what an LLM-driven agent pays at every step instead. One call
 before them warms llama.cpp up and is not counted; its prompt cache stays on, as in real use.
 
-Torch runs at the package default thread count (``trainer.set_threads(None)``: 1 thread on
-machines with ≤ 2 cores); llama.cpp uses all available cores. Figures only: nothing is asserted.
+Torch runs with its own default thread count (all cores), as in an app that runs the
+executor: only training sets its own default (``trainer.set_threads``: 1 thread on machines
+with ≤ 2 cores); ``--threads`` overrides it. llama.cpp uses all available cores. Figures only: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -249,9 +250,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=10, help="policy steps run before timing")
     parser.add_argument("--llm-calls", type=int, default=5, help="timed LLM tool-selection calls (0: none)")
     parser.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the figures as JSON")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's own, what an app running the executor gets; "
+                             "0: the training default, 1 thread on ≤ 2 cores)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    set_threads(None)
+    if args.threads is not None:
+        set_threads(args.threads or None)
+    threads_source = "torch default" if args.threads is None else "--threads"
 
     episodes = [episode for path in bfcl_paths() for episode in read_native(path)]
     sets = tool_sets(read_native(bfcl_paths(["base"])[0]))
@@ -268,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     console.print(f"{os.cpu_count()} CPUs, torch {torch.__version__} with {torch.get_num_threads()} thread(s) "
-                  f"(package default), load average {load} (other processes share these CPUs)")
+                  f"({threads_source}), load average {load} (other processes share these CPUs)")
     print_results(policy_results, llm_result)
     if args.json:
         args.json.write_text(json.dumps({"policy": policy_results, "llm": llm_result,
