@@ -27,7 +27,7 @@ demo: venv
 	$(VENV)/bin/evoharness-agent demo
 
 test: venv
-	$(VENV)/bin/ruff check evoharness_agent tests benchmarks scripts
+	$(VENV)/bin/ruff check evoharness_agent tests benchmarks scripts examples
 	$(PY) -m pytest -q tests -p no:cacheprovider
 
 test-slow: venv
