@@ -68,7 +68,9 @@ CHOOSE_JSON_PROMPT = (
 )
 ANSWER_PROMPT = (
     "Write the final answer to the user's request from the results of the tool calls below. "
-    "Be concise, and say so when the results do not answer the request."
+    # Small local models otherwise answer from the first (failed) call of a retried step.
+    "Calls run in order; a failed call may be followed by one that worked, so answer from the "
+    "results that worked. Be concise, and say so when the results do not answer the request."
 )
 REPAIR_PROMPT = "That reply was not valid: {error}\n{instruction}"
 
