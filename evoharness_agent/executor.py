@@ -17,7 +17,6 @@ and guardrail refusals all become the step's observation, which the next step ca
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -72,9 +71,6 @@ RANK_EVENT = "evoharness_agent.rank"
 ``{"iteration": tool calls so far, "ranking": [{"tool", "score", "probability"}, ...] best first}``
 (every available tool and FINISH; not fired in ``llm`` mode)."""
 
-# A policy embeds with one encoder and swaps its tool table per call: concurrent runs (batch,
-# async) must take turns. Ranking takes milliseconds, so the lock costs little.
-_POLICY_LOCK = threading.Lock()
 _NO_GUARDRAILS = Guardrails()
 _T = TypeVar("_T")
 
@@ -310,8 +306,7 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         """Start the policy session and the guard of a run, and announce its tools."""
         session = None
         if self.mode != "llm":
-            with _POLICY_LOCK:
-                session = self.policy.session(str(inputs["input"]), self.tools)
+            session = self.policy.session(str(inputs["input"]), self.tools)
         run_manager.get_child().on_custom_event(RUN_EVENT, self._run_event(), run_id=run_manager.run_id)
         return _Run(inputs, (self.guardrails or _NO_GUARDRAILS).start_run(str(run_manager.run_id)), session)
 
@@ -396,13 +391,12 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
     async def _anew_run(self, inputs: dict[str, Any], run_manager: AsyncCallbackManagerForChainRun) -> _Run:
         """Async :meth:`_new_run`.
 
-        Policy calls run inline: they take milliseconds, and the encoder's caches belong to the
-        thread that made them.
+        Policy calls run inline: they take milliseconds (the policy and its encoder lock what they
+        share, so concurrent runs are safe).
         """
         session = None
         if self.mode != "llm":
-            with _POLICY_LOCK:
-                session = self.policy.session(str(inputs["input"]), self.tools)
+            session = self.policy.session(str(inputs["input"]), self.tools)
         await run_manager.get_child().on_custom_event(RUN_EVENT, self._run_event(), run_id=run_manager.run_id)
         return _Run(inputs, (self.guardrails or _NO_GUARDRAILS).start_run(str(run_manager.run_id)), session)
 
@@ -504,8 +498,7 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         """
         if self.mode == "llm":
             return [tool for tool in self.tools if tool.name in available]
-        with _POLICY_LOCK:
-            run.ranking = run.session.rank(available)
+        run.ranking = run.session.rank(available)
         if self.mode == "hybrid" and run.ranking[0].probability < self.confidence_threshold:
             return [self.lookup_tool(s.tool) for s in run.ranking[: self.top_k] if s.tool != FINISH]
         return None
@@ -570,8 +563,7 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         arguments = action.tool_input if isinstance(action.tool_input, Mapping) else {"input": action.tool_input}
         step = Step(tool=action.tool, arguments=dict(arguments), observation=observation, error=error)
         if run.session is not None:
-            with _POLICY_LOCK:
-                run.session.observe(step)
+            run.session.observe(step)
         return step
 
     def _messages(self, run: _Run) -> list[BaseMessage]:

@@ -19,7 +19,6 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from evoharness_agent.executor import _POLICY_LOCK
 from evoharness_agent.policy import ToolPolicy, ToolScore
 from evoharness_agent.schema import FINISH, Step
 
@@ -94,8 +93,7 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
         if not tools or state is None or request.tool_choice is not None:
             return request  # nothing to rank, or someone else already decided the tool choice
         task, steps = state
-        with _POLICY_LOCK:
-            ranking = self.policy.rank(task, steps, tools, available={tool.name for tool in tools})
+        ranking = self.policy.rank(task, steps, tools, available={tool.name for tool in tools})
         self.last_ranking = ranking
         best = [score.tool for score in ranking if score.tool != FINISH][: self.top_k]
         keep = [tool for tool in tools if tool.name in best or tool.name in self.always_include]
