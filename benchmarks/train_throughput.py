@@ -4,7 +4,10 @@ Run: ``python benchmarks/train_throughput.py`` (needs the ``bench`` extra: ``pip
 
 Both learners see the same random offline data: 384-d state vectors, 32 discrete actions
 (our 32 tools are 32 random 384-d "tool embeddings", FINISH among them), random rewards and
-terminals. Both use an MLP of 256×256 hidden units, Adam, and torch's default thread count.
+terminals. Both use an MLP of 256×256 hidden units without dropout (d3rlpy's has none; our default
+state tower has 0.1), Adam, and torch's default thread count. Ours runs
+its updates as the trainer does: under bf16 autocast where the CPU multiplies bf16 natively
+(``--no-bf16``: fp32); d3rlpy runs as it does by default, in fp32.
 Each measurement is a fixed number of updates after a warm-up, and the two libraries run
 interleaved in one process (ours, theirs, ours, theirs, ...), so that a noisy machine slows
 both alike. A throughput is transitions per second: ``batch_size * updates / seconds``.
@@ -37,6 +40,7 @@ from evoharness_agent.algorithms import Dims, ToolInputs, make_algorithm
 from evoharness_agent.dataset import N_STATE_FEATURES, ToolTable, TransitionDataset, finish_spec
 from evoharness_agent.networks import NetworkConfig
 from evoharness_agent.schema import ToolSpec
+from evoharness_agent.trainer import cpu_has_native_bf16, training_autocast
 
 STATE_DIM = 384
 N_TOOLS = 32
@@ -94,15 +98,16 @@ class Ours:
 
     name = "ours"
 
-    def __init__(self, data: Synthetic, batch_size: int, seed: int) -> None:
+    def __init__(self, data: Synthetic, batch_size: int, seed: int, bf16: bool = True) -> None:
         """Build the algorithm over the synthetic tool table."""
         torch.manual_seed(seed)
+        self.bf16 = bf16
         dataset = data.dataset
         self.dataset, self.batch_size = dataset, batch_size
         self.generator = torch.Generator().manual_seed(seed)
         dims = Dims(dataset.state_dim, STATE_DIM, N_TOOLS)
         tools = ToolInputs(dataset.tools.embeddings, torch.arange(N_TOOLS))
-        self.algo = make_algorithm("cql", {}, dims, NetworkConfig(hidden=HIDDEN, layers=2), tools)
+        self.algo = make_algorithm("cql", {}, dims, NetworkConfig(hidden=HIDDEN, layers=2, dropout=0.0), tools)
         self.fixed = self.sample()
         self.input_dim = dataset.state_dim
 
@@ -111,8 +116,9 @@ class Ours:
         return self.dataset.sample(self.batch_size, self.generator)
 
     def update(self, batch: Any) -> None:
-        """One gradient step."""
-        self.algo.update(batch)
+        """One gradient step, under the trainer's autocast (bf16 where the CPU multiplies it natively)."""
+        with training_autocast("cpu", self.bf16):
+            self.algo.update(batch)
 
     def modules(self) -> list[torch.nn.Module]:
         """The trainable modules (for the parameter count)."""
@@ -224,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--same-input", action="store_true",
                         help="feed d3rlpy our full gathered state vector instead of the 384-d state")
     parser.add_argument("--profile", action="store_true", help="also profile our update at each batch size")
+    parser.add_argument("--no-bf16", dest="bf16", action="store_false",
+                        help="keep our updates in fp32 (the trainer's training.bf16: false)")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     if args.threads:
@@ -233,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     data = make_synthetic(args.transitions, args.seed)
     rows: list[tuple[int, str, float, float]] = []
     for batch_size in args.batch_sizes:
-        ours_learner = Ours(data, batch_size, args.seed)
+        ours_learner = Ours(data, batch_size, args.seed, args.bf16)
         their_learner = Theirs(data, batch_size, args.seed, args.same_input)
         learners: list[Ours | Theirs] = [ours_learner, their_learner]
         updates = args.updates or (20 if batch_size <= 512 else 5)
@@ -249,6 +257,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{os.cpu_count()} CPUs, torch threads = {torch.get_num_threads()} "
           f"({'set by --threads' if args.threads else 'torch default'}, both learners)")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    bf16 = args.bf16 and cpu_has_native_bf16()
+    print(f"ours: {'bf16 autocast (this CPU multiplies bf16 natively)' if bf16 else 'fp32'}, "
+          "as the trainer runs; d3rlpy: fp32 (its default)")
     print(f"{args.transitions} transitions, {N_TOOLS} actions, median of {args.rounds} interleaved rounds; "
           f"load average {load} (other processes share these CPUs)\n")
     print(f"{'batch':>6}  {'measure':<14}{'ours tr/s':>12}{'d3rlpy tr/s':>13}{'ours/d3rlpy':>13}")

@@ -91,6 +91,7 @@ class TrainingSection(_Section):
     eval_every: int = Field(500, ge=1)
     checkpoint_every: int = Field(500, ge=1)
     bf16: bool = True
+    """bf16 autocast for updates where bf16 is native (GPUs; CPUs with AVX512-BF16 or AMX)."""
 
 
 class LoggingSection(_Section):

@@ -34,7 +34,9 @@ def main() -> None:
     episodes = []
     for path in bfcl_paths(["base", "long_context"]):
         episodes += split_bfcl(read_native(path))[0]
-    config = TrainConfig.model_validate({"algorithm": {"name": args.algo}, "training": {"steps": args.steps},
+    # fp32 even where bf16 is native: the shipped policy comes out the same on every machine.
+    config = TrainConfig.model_validate({"algorithm": {"name": args.algo},
+                                         "training": {"steps": args.steps, "bf16": False},
                                          "logging": {"tensorboard": False}})
     result = train_on_episodes(episodes, config, args.out)
     # The shipped directory keeps the policy only: checkpoints are for resuming a run.

@@ -322,3 +322,15 @@ def test_init_fine_tunes_from_policy_matching_bias_rows_by_name(
     for key, value in base.items():
         if key != "policy.bias.weight":
             torch.testing.assert_close(tuned[key], value, atol=1e-6, rtol=0)
+
+
+def test_bf16_autocast_only_where_native(monkeypatch: pytest.MonkeyPatch) -> None:
+    weights = torch.randn(4, 4)
+    monkeypatch.setattr(trainer_module, "cpu_has_native_bf16", lambda: True)
+    with trainer_module.training_autocast("cpu"):
+        assert (weights @ weights).dtype == torch.bfloat16
+    with trainer_module.training_autocast("cpu", enabled=False):
+        assert (weights @ weights).dtype == torch.float32
+    monkeypatch.setattr(trainer_module, "cpu_has_native_bf16", lambda: False)
+    with trainer_module.training_autocast("cpu"):  # emulated bf16 would be slower than fp32
+        assert (weights @ weights).dtype == torch.float32
