@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
-import os
 import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -33,6 +32,8 @@ from typing import Any
 
 from langchain_core.runnables.config import run_in_executor
 from langchain_core.tools import BaseTool
+
+from evoharness_agent.importers import append_line
 
 __all__ = ["ConfirmCallback", "GuardedRun", "Guardrails", "ToolCallRequest"]
 
@@ -157,14 +158,7 @@ class Guardrails:
                  "arguments": arguments, "event": event}
         if reason is not None:
             entry["reason"] = reason
-        line = (json.dumps(entry, ensure_ascii=False, default=str) + "\n").encode()
-        self.audit_log.parent.mkdir(parents=True, exist_ok=True)
-        # One O_APPEND write per line keeps lines whole across threads and processes.
-        fd = os.open(self.audit_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+        append_line(self.audit_log, json.dumps(entry, ensure_ascii=False, default=str))
 
 
 def _limit(limits: int | Mapping[str, int] | None, tool: str) -> float:

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ValidationError
 
 from evoharness_agent.schema import Episode, ToolSpec
 
-__all__ = ["FORMATS", "LoadResult", "LogFormatError", "detect_format", "load_episodes",
+__all__ = ["FORMATS", "LoadResult", "LogFormatError", "append_line", "detect_format", "load_episodes",
            "write_episodes"]
 
 FORMATS = ("native", "openai", "langchain")
@@ -127,6 +127,17 @@ def write_episodes(path: str | Path, episodes: Iterable[Episode]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line (a trailing newline is added) to a log file, creating it and its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # One O_APPEND write per line keeps lines whole across threads and processes.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def _write_lines(stream: IO[bytes], episodes: Iterable[Episode]) -> None:

@@ -426,8 +426,8 @@ def truncate_at_failed_turn(episode: Episode) -> Episode:
     state off the gold path, so every later turn fails whatever the agent does: keeping those
     steps would teach offline RL that right calls are worthless. The cut run is a failure.
     """
-    outcomes = episode.metadata.get("rollout", {}).get("turn_success")
-    if not outcomes or all(outcomes):
+    outcomes = episode.metadata.get("rollout", {}).get("turn_success") or []
+    if False not in outcomes:  # every turn succeeded, or the env does not judge turns (None)
         return episode
     episode = episode.model_copy(deep=True)
     failed_turn = outcomes.index(False)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,6 +41,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage, convert_to_messages
 
 from evoharness_agent.executor import RUN_EVENT, STEP_EVENT
+from evoharness_agent.importers import append_line
 from evoharness_agent.policy import as_tool_spec
 from evoharness_agent.schema import Episode, Step, ToolSpec
 
@@ -322,15 +322,9 @@ class EpisodeRecorder(BaseCallbackHandler):
         episode = self.scrub(episode)
         if self.reward is not None:
             episode.reward = self.reward(episode)
-        line = (episode.model_dump_json() + "\n").encode()
+        line = episode.model_dump_json()
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # One O_APPEND write per episode keeps lines whole across threads and processes.
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
+            append_line(self.path, line)
             self.n_recorded += 1
 
     def scrub(self, episode: Episode) -> Episode:

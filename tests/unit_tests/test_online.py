@@ -277,6 +277,9 @@ def test_runs_are_cut_after_the_first_failed_turn_and_turns_rewarded() -> None:
     [whole] = collect(env, [make_task()], Scripted(["add", FINISH, "read_counter", FINISH]), until_failure=True,
                       turn_reward=2.0)
     assert whole.reward == 1.0 and truncate_at_failed_turn(whole) == whole
+    unjudged = whole.model_copy(deep=True)
+    unjudged.metadata["rollout"]["turn_success"] = [None, None]  # an env without a success check
+    assert truncate_at_failed_turn(unjudged) == unjudged
     assert [s.reward for s in whole.steps if s.kind == "assistant"] == [2.0, 2.0]
     # A gold demonstration without turn outcomes: every turn counts as successful.
     demo = whole.model_copy(deep=True)
