@@ -43,13 +43,14 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from evoharness_agent.arguments import build_messages
-from evoharness_agent.datasets import bfcl_paths, read_native, split_bfcl
+from evoharness_agent.agents.llm_calls import build_messages
 from evoharness_agent.demo import SHIPPED_POLICY
-from evoharness_agent.encoding import StateEncoder, step_text
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.encoding.state import step_text
+from evoharness_agent.learning.trainer import set_threads
+from evoharness_agent.logs.bundled import bfcl_paths, read_native, split_bfcl
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import Episode, Step, ToolSpec
-from evoharness_agent.trainer import set_threads
 
 FILE_SYSTEM = "GorillaFileSystem"
 FILE_TOOLS_LEFT_OUT = ("du", "rmdir")
@@ -180,7 +181,7 @@ def measure_policy(tools: list[ToolSpec], runs: Sequence[Episode], called: Colle
 
 def measure_llm(tools: list[ToolSpec], requests: Sequence[str], calls: int) -> dict[str, Any] | None:
     """Time LocalChatModel tool-selection calls over ``tools``; ``None`` without the local extra."""
-    from evoharness_agent.local_llm import LocalChatModel
+    from evoharness_agent.local_llm.chat_model import LocalChatModel
 
     try:
         llm = LocalChatModel.from_pretrained(LOCAL_MODEL).load()

@@ -21,8 +21,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from evoharness_agent.config import TrainConfig
-from evoharness_agent.datasets import (
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.evaluation.offline import evaluate_offline
+from evoharness_agent.evaluation.reports import plot_report, print_report
+from evoharness_agent.learning.config import TrainConfig
+from evoharness_agent.learning.trainer import train_on_episodes
+from evoharness_agent.logs.bundled import (
     bfcl_paths,
     gpt4o_airline_path,
     gpt4o_airline_split,
@@ -31,10 +35,7 @@ from evoharness_agent.datasets import (
     tau2_airline_path,
     tau2_airline_split,
 )
-from evoharness_agent.encoding import StateEncoder
-from evoharness_agent.evaluation import evaluate_offline, plot_report, print_report
 from evoharness_agent.policy import ToolPolicy
-from evoharness_agent.trainer import train_on_episodes
 
 console = Console()
 

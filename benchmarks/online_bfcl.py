@@ -31,24 +31,22 @@ from pathlib import Path
 
 from rich.console import Console
 
-from evoharness_agent.config import TrainConfig
-from evoharness_agent.encoding import StateEncoder
-from evoharness_agent.evaluation import CountBaselines
-from evoharness_agent.online import (
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.envs.registry import load_environment
+from evoharness_agent.evaluation.baselines import CountBaselines
+from evoharness_agent.evaluation.choosers import (
     BigramChooser,
     EmbeddingChooser,
     EpsilonChooser,
     PolicyChooser,
     RandomChooser,
-    collect,
-    evaluate_online,
-    load_environment,
-    print_online_report,
-    reward_turns,
 )
+from evoharness_agent.evaluation.online import collect, evaluate_online, reward_turns
+from evoharness_agent.evaluation.reports import print_online_report
+from evoharness_agent.learning.config import TrainConfig
+from evoharness_agent.learning.trainer import train_on_episodes
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import Episode
-from evoharness_agent.trainer import train_on_episodes
 
 console = Console()
 

@@ -35,12 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 
-import evoharness_agent.dataset as dataset_module
-from evoharness_agent.algorithms import Dims, ToolInputs, make_algorithm
-from evoharness_agent.dataset import N_STATE_FEATURES, ToolTable, TransitionDataset, finish_spec
-from evoharness_agent.networks import NetworkConfig
-from evoharness_agent.schema import ToolSpec
-from evoharness_agent.trainer import cpu_has_native_bf16, training_autocast
+import evoharness_agent.encoding.transitions as dataset_module
+from evoharness_agent.encoding.state import N_STATE_FEATURES
+from evoharness_agent.encoding.transitions import ToolTable, TransitionDataset
+from evoharness_agent.learning.algorithms import Dims, ToolInputs, make_algorithm
+from evoharness_agent.learning.networks import NetworkConfig
+from evoharness_agent.learning.precision import cpu_has_native_bf16, training_autocast
+from evoharness_agent.schema import ToolSpec, finish_spec
 
 STATE_DIM = 384
 N_TOOLS = 32

@@ -13,7 +13,9 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from evoharness_agent.importers import LogFormatError
+from evoharness_agent.envs.registry import ENVIRONMENTS, SPLITS
+from evoharness_agent.evaluation.choosers import BEHAVIOURS
+from evoharness_agent.logs.importers import FORMATS, LogFormatError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -23,37 +25,21 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 
 
-class Algo(str, Enum):
-    """Offline RL algorithms."""
-
-    bc = "bc"
-    cql = "cql"
-    iql = "iql"
-    bcq = "bcq"
+def _choices(name: str, values: Sequence[str], doc: str) -> Any:
+    """Return a str Enum of ``values`` (members named with ``_`` for ``-``): typer offers them as choices."""
+    choices = Enum(name, {value.replace("-", "_"): value for value in values}, type=str)
+    choices.__doc__ = doc
+    return choices
 
 
-class Format(str, Enum):
-    """Log formats."""
-
-    auto = "auto"
-    native = "native"
-    openai = "openai"
-    langchain = "langchain"
-
-
-class EnvName(str, Enum):
-    """Executable environments."""
-
-    bfcl = "bfcl"
-    tau_airline = "tau-airline"
-
-
-class Split(str, Enum):
-    """Which tasks of an environment to run (BFCL: test = scenario % 5 == 0; tau-airline: tasks 40-49)."""
-
-    train = "train"
-    test = "test"
-    all = "all"
+# The algorithm registry (learning.algorithms.ALGORITHMS) imports torch, so its names are
+# repeated here; tests/unit_tests/test_cli.py checks that they match.
+Algo = _choices("Algo", ("bc", "cql", "iql", "bcq"), "Offline RL algorithms.")
+Format = _choices("Format", ("auto", *FORMATS), "Log formats.")
+EnvName = _choices("EnvName", ENVIRONMENTS, "Executable environments.")
+Split = _choices("Split", SPLITS, "Which tasks of an environment to run (BFCL: test = scenario % 5 == 0; "
+                                  "tau-airline: tasks 40-49).")
+Behaviour = _choices("Behaviour", BEHAVIOURS, "Behaviour policies for data collection.")
 
 
 class Arguments(str, Enum):
@@ -61,14 +47,6 @@ class Arguments(str, Enum):
 
     gold = "gold"
     llm = "llm"
-
-
-class Behaviour(str, Enum):
-    """Behaviour policies for data collection."""
-
-    random = "random"
-    epsilon_policy = "epsilon-policy"
-    policy = "policy"
 
 
 def _fail(message: str) -> typer.Exit:
@@ -96,8 +74,8 @@ def train(
     default_reward: Annotated[float | None, typer.Option(help="Reward of episodes that have none.")] = None,
 ) -> None:
     """Train a tool-ranking policy on logged trajectories."""
-    from evoharness_agent.config import load_config
-    from evoharness_agent.trainer import train as run_training
+    from evoharness_agent.learning.config import load_config
+    from evoharness_agent.learning.trainer import train as run_training
 
     overrides = {
         "data": {"paths": [str(p) for p in data], "format": log_format.value,
@@ -118,7 +96,7 @@ def train(
 
 def _load(paths: Sequence[Path | str], log_format: str, skip_invalid: bool) -> list:
     """Load logs for evaluation, reporting skipped lines."""
-    from evoharness_agent.importers import load_episodes
+    from evoharness_agent.logs.importers import load_episodes
 
     loaded = load_episodes(list(paths), log_format, skip_invalid=skip_invalid)
     if loaded.skipped:
@@ -159,7 +137,8 @@ def evaluate(
     seed: Annotated[int, typer.Option(help="Seed of the random baseline (with --env).")] = 0,
 ) -> None:
     """Next-tool prediction of a policy against four baselines, in one run; with --env, task success online."""
-    from evoharness_agent.evaluation import evaluate_offline, plot_report, print_report
+    from evoharness_agent.evaluation.offline import evaluate_offline
+    from evoharness_agent.evaluation.reports import plot_report, print_report
     from evoharness_agent.policy import ToolPolicy
 
     if env is not None:
@@ -194,14 +173,14 @@ def _load_llm(spec: str) -> Any:
         module, _, attribute = spec.partition(":")
         target = getattr(importlib.import_module(module), attribute)
         return target() if isinstance(target, type) or not hasattr(target, "bind_tools") else target
-    from evoharness_agent.local_llm import LocalChatModel
+    from evoharness_agent.local_llm.chat_model import LocalChatModel
 
     return LocalChatModel.from_pretrained(spec)
 
 
 def _arguments_fn(args: Arguments, llm: Any) -> Any:
     """Return the online arguments function for ``--args``."""
-    from evoharness_agent.online import gold_arguments, llm_arguments
+    from evoharness_agent.evaluation.online import gold_arguments, llm_arguments
 
     if args is Arguments.gold:
         return gold_arguments
@@ -215,17 +194,17 @@ def _evaluate_online(policy_dir: Path, env: EnvName, variant: str, split: Split,
                      skip_invalid: bool, json_out: Path | None, markdown: Path | None, plot: Path | None,
                      seed: int) -> None:
     """Run the policy and the baselines in an environment; print and write the report."""
-    from evoharness_agent.evaluation import CountBaselines
-    from evoharness_agent.online import (
+    from evoharness_agent.envs.registry import load_environment
+    from evoharness_agent.evaluation.baselines import CountBaselines
+    from evoharness_agent.evaluation.choosers import (
         BigramChooser,
         EmbeddingChooser,
         LLMChooser,
         PolicyChooser,
         RandomChooser,
-        evaluate_online,
-        load_environment,
-        print_online_report,
     )
+    from evoharness_agent.evaluation.online import evaluate_online
+    from evoharness_agent.evaluation.reports import print_online_report
     from evoharness_agent.policy import ToolPolicy
 
     try:
@@ -274,9 +253,10 @@ def collect(
                                                      "carries over, so later turns would fail anyway).")] = False,
 ) -> None:
     """Roll out a behaviour policy in an environment: mixed-quality logs with env rewards, for offline RL."""
-    from evoharness_agent.importers import write_episodes
-    from evoharness_agent.online import behaviour_chooser, load_environment
-    from evoharness_agent.online import collect as run_collect
+    from evoharness_agent.envs.registry import load_environment
+    from evoharness_agent.evaluation.choosers import behaviour_chooser
+    from evoharness_agent.evaluation.online import collect as run_collect
+    from evoharness_agent.logs.importers import write_episodes
     from evoharness_agent.policy import ToolPolicy
 
     try:

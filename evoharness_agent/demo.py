@@ -2,7 +2,7 @@
 
 Part 1 trains BC and CQL on BFCL base (scenarios ≢ 0 mod 5) and evaluates next-tool prediction
 on the held-out fifth against baselines. Part 2 (:func:`run_agent_demo`) runs the shipped policy
-(``trained/default``) in :class:`~evoharness_agent.executor.PolicyAgentExecutor` with the local
+(``trained/default``) in :class:`~evoharness_agent.agents.executor.PolicyAgentExecutor` with the local
 LLM on the first turn of a few held-out BFCL scenarios, printing every step, and judges each
 turn with BFCL's own checker. Part 2 needs the ``local`` extra and ``bfcl-eval``; without them
 it prints why and is skipped.
@@ -22,16 +22,18 @@ from langchain_core.tools import BaseTool, StructuredTool, ToolException
 from rich.console import Console
 from rich.markup import escape
 
-from evoharness_agent.bfcl_env import BFCL_INSTALL_HINT, BFCLEnvironment, bfcl_available
-from evoharness_agent.config import TrainConfig
-from evoharness_agent.datasets import bfcl_paths, read_native, split_bfcl
-from evoharness_agent.envs import ToolAction
-from evoharness_agent.evaluation import evaluate_offline, plot_report, print_report
-from evoharness_agent.executor import RANK_EVENT, STOPPED_OUTPUT, PolicyAgentExecutor
-from evoharness_agent.local_llm import LocalChatModel
+from evoharness_agent.agents.executor import STOPPED_OUTPUT, PolicyAgentExecutor
+from evoharness_agent.envs.base import ToolAction
+from evoharness_agent.envs.bfcl import BFCL_INSTALL_HINT, BFCLEnvironment, bfcl_available
+from evoharness_agent.evaluation.offline import evaluate_offline
+from evoharness_agent.evaluation.reports import plot_report, print_report
+from evoharness_agent.learning.config import TrainConfig
+from evoharness_agent.learning.trainer import train_on_episodes
+from evoharness_agent.local_llm.chat_model import LocalChatModel
+from evoharness_agent.logs.bundled import bfcl_paths, read_native, split_bfcl
+from evoharness_agent.logs.events import RANK_EVENT
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import FINISH, Episode
-from evoharness_agent.trainer import train_on_episodes
 
 __all__ = ["AGENT_SCENARIOS", "SHIPPED_POLICY", "run_agent_demo", "run_demo"]
 

@@ -1,14 +1,12 @@
 """`ToolPolicy`: a trained policy that ranks the tools available at a step.
 
-A policy directory holds ``policy.safetensors`` (the acting networks) and ``policy.json``
-(algorithm, sizes, encoder, the tools seen in training). Loading never unpickles code.
+A policy is loaded from a directory that training wrote (see
+:mod:`evoharness_agent.learning.checkpoints`; loading never unpickles code). Its states are
+built by the same code as the training states (:mod:`evoharness_agent.encoding.state`).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import threading
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -17,19 +15,23 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 
-from evoharness_agent.algorithms import Dims, ToolInputs, make_algorithm
-from evoharness_agent.dataset import N_FIXED_TEXTS, N_STATE_FEATURES, finish_spec, state_parts
-from evoharness_agent.encoding import StateEncoder, step_text
-from evoharness_agent.networks import NetworkConfig
-from evoharness_agent.schema import FINISH, Step, ToolSpec
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.encoding.state import (
+    N_PAIR_FEATURES,
+    N_STATE_FEATURES,
+    gather_states,
+    n_slots,
+    state_parts,
+    state_rows,
+    step_text,
+)
+from evoharness_agent.learning.algorithms import Algorithm, ToolInputs
+from evoharness_agent.learning.checkpoints import load_policy, save_policy
+from evoharness_agent.runtime import pick_device
+from evoharness_agent.schema import FINISH, Step, ToolSpec, as_tool_spec, finish_spec
 
-__all__ = ["PolicySession", "ToolPolicy", "ToolScore", "as_tool_spec"]
-
-POLICY_WEIGHTS = "policy.safetensors"
-POLICY_META = "policy.json"
-
+__all__ = ["PolicySession", "ToolPolicy", "ToolScore"]
 
 @dataclass(frozen=True)
 class ToolScore:
@@ -40,42 +42,10 @@ class ToolScore:
     probability: float
 
 
-def as_tool_spec(tool: Any) -> ToolSpec:
-    """Accept a ToolSpec, a LangChain tool, an OpenAI function dict or a name."""
-    if isinstance(tool, ToolSpec):
-        return tool
-    if isinstance(tool, str):
-        return finish_spec() if tool == FINISH else ToolSpec(name=tool)
-    if isinstance(tool, dict):
-        function = tool.get("function", tool)
-        return ToolSpec(name=function["name"], description=function.get("description", ""),
-                        parameters=function.get("parameters") or {"type": "object"})
-    if hasattr(tool, "name") and hasattr(tool, "description"):
-        schema = getattr(tool, "args", None)
-        parameters = {"type": "object", "properties": schema} if isinstance(schema, dict) else None
-        return ToolSpec(name=tool.name, description=tool.description or "", parameters=parameters)
-    raise TypeError(f"cannot use {type(tool).__name__} as a tool: give a ToolSpec, BaseTool or dict")
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class ToolPolicy:
     """Ranks tools for a (task, history) state with a trained offline-RL policy."""
 
-    def __init__(self, algorithm: Any, meta: dict[str, Any], encoder: StateEncoder,
+    def __init__(self, algorithm: Algorithm, meta: dict[str, Any], encoder: StateEncoder,
                  device: str = "cpu") -> None:
         """Wrap a trained algorithm; prefer :meth:`load`."""
         self.algorithm = algorithm
@@ -90,20 +60,9 @@ class ToolPolicy:
     @classmethod
     def load(cls, path: str | Path, *, encoder: StateEncoder | None = None,
              device: str | None = None) -> ToolPolicy:
-        """Load a policy directory written by :meth:`save` (safetensors, no pickle)."""
-        path = Path(path)
-        meta_file = path / POLICY_META
-        if not meta_file.exists():
-            raise FileNotFoundError(f"{path}: not a policy directory (no {POLICY_META})")
-        meta = json.loads(meta_file.read_text())
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        algorithm = build_algorithm(meta, torch.zeros((0, int(meta["tool_dim"]))))
-        weights = load_file(str(path / POLICY_WEIGHTS), device="cpu")
-        for name in meta["acting"]:
-            prefix = f"{name}."
-            algorithm.modules[name].load_state_dict(
-                {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
-        algorithm.to(device)
+        """Load a policy directory written by training or :meth:`save` (safetensors, no pickle)."""
+        device = pick_device(device)
+        algorithm, meta = load_policy(path, device)
         encoder = encoder or StateEncoder(meta["encoder"], max_seq_length=int(meta["max_seq_length"]))
         return cls(algorithm, meta, encoder, device)
 
@@ -119,31 +78,32 @@ class ToolPolicy:
 
     def _state_inputs(self, states: Sequence[tuple[str, Sequence[Step]]],
                       specs: Sequence[ToolSpec]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Build state vectors and per-tool pair features, embedding each text once."""
+        """Build state vectors and per-tool pair features, embedding each distinct text once."""
         by_name = {spec.name: spec for spec in specs}
         names = [spec.name for spec in specs]
-        layout, texts, pairs = [], [], []
+        text_rows: dict[str, int] = {}
+
+        def row(text: str) -> int:
+            return text_rows.setdefault(text, len(text_rows) + 1)  # row 0 is PAD
+
+        def tool_text(name: str) -> str:
+            return (by_name.get(name) or ToolSpec(name=name)).text()
+
+        rows, features, pairs = [], [], []
         for task, history in states:
             parts = state_parts(task, history, self.history_window)
-            previous = parts.previous_tool
-            previous_text = (by_name.get(previous) or ToolSpec(name=previous)).text() if previous else None
-            rows = []
-            for text in [parts.request, previous_text, task, *parts.history]:
-                rows.append(None if text is None else len(texts))
-                texts += [] if text is None else [text]
-            layout.append((rows, parts.features))
+            rows.append(state_rows(parts, tool_text, row, self.history_window))
+            features.append(parts.features)
             pairs.append(parts.pair_features(names))
-        table = self.encoder.embed(texts) if texts else np.zeros((0, 1), dtype=np.float32)
         dim = int(self.meta["tool_dim"])
-        width = dim * (N_FIXED_TEXTS + self.history_window) + N_STATE_FEATURES
-        out = np.zeros((len(states), width), dtype=np.float32)
-        for i, (rows, features) in enumerate(layout):
-            for slot, row in enumerate(rows):
-                if row is not None:
-                    out[i, slot * dim : (slot + 1) * dim] = table[row]
-            out[i, -N_STATE_FEATURES:] = features
-        pair_tensor = torch.tensor(pairs, dtype=torch.float32).reshape(len(states), len(names), -1)
-        return torch.from_numpy(out).to(self.device), pair_tensor.to(self.device)
+        table = torch.zeros((len(text_rows) + 1, dim), dtype=torch.float32)
+        if text_rows:
+            table[1:] = torch.from_numpy(self.encoder.embed(list(text_rows)))
+        row_tensor = torch.tensor(rows, dtype=torch.long).reshape(len(states), n_slots(self.history_window))
+        feature_tensor = torch.tensor(features, dtype=torch.float32).reshape(len(states), N_STATE_FEATURES)
+        pair_tensor = torch.tensor(pairs, dtype=torch.float32).reshape(len(states), len(names), N_PAIR_FEATURES)
+        states_tensor = gather_states(table, row_tensor, feature_tensor)
+        return states_tensor.to(self.device), pair_tensor.to(self.device)
 
     @torch.no_grad()
     def score_matrix(self, states: Sequence[tuple[str, Sequence[Step]]], tools: Sequence[Any], *,
@@ -210,26 +170,3 @@ class PolicySession:
     def rank(self, available: Collection[str] | None = None) -> list[ToolScore]:
         """Rank the tools for the current state."""
         return self.policy.rank(self.task, self.history, self.tools, available=available)
-
-
-def build_algorithm(meta: dict[str, Any], tool_embeddings: torch.Tensor) -> Any:
-    """Rebuild the algorithm object described by policy metadata."""
-    dims = Dims(int(meta["state_dim"]), int(meta["tool_dim"]), max(1, len(meta["known_tools"])))
-    network = NetworkConfig(**meta["network"])
-    return make_algorithm(meta["algorithm"], meta.get("params", {}), dims, network,
-                          ToolInputs(tool_embeddings, None))
-
-
-def save_policy(path: str | Path, algorithm: Any, meta: dict[str, Any]) -> None:
-    """Write ``policy.safetensors`` and ``policy.json`` for the algorithm's acting modules."""
-    path = Path(path)
-    tensors = {f"{name}.{key}": value.detach().float().cpu().contiguous()
-               for name, module in algorithm.acting_modules().items()
-               for key, value in module.state_dict().items()}
-    meta = {**meta, "acting": list(algorithm.acting)}
-    path.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path, prefix=".weights.")
-    os.close(fd)
-    save_file(tensors, tmp)
-    os.replace(tmp, path / POLICY_WEIGHTS)
-    atomic_write_bytes(path / POLICY_META, json.dumps(meta, indent=2).encode())

@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from evoharness_agent.schema import Episode
+from evoharness_agent.schema import Episode, Step
 
-__all__ = ["RewardConfig", "shape_rewards"]
+__all__ = ["RewardConfig", "call_key", "decision_reward", "outcome_reward", "shape_rewards"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,29 @@ class RewardConfig:
     """
 
 
+def decision_reward(step: Step, repeated: bool, config: RewardConfig = RewardConfig()) -> float:
+    """Return the reward of one decision before the outcome: call cost, error and repeat penalties."""
+    reward = 0.0
+    if step.kind == "tool_call":
+        reward -= config.step_cost
+        if step.error:
+            reward -= config.error_penalty
+        if repeated:
+            reward -= config.repeat_penalty
+    return reward
+
+
+def outcome_reward(outcome: float, config: RewardConfig = RewardConfig()) -> float:
+    """Return what the last decision earns for an episode whose reward is ``outcome`` (in [0, 1])."""
+    return config.success_reward * outcome if outcome >= config.success_threshold else config.failure_reward
+
+
+def call_key(step: Step) -> tuple[str, str]:
+    """Identify a call for the repeat rule: the action and its canonical JSON arguments."""
+    # canonical JSON, so argument order and unhashable values do not matter
+    return step.action, json.dumps(step.arguments, sort_keys=True, default=str)
+
+
 def shape_rewards(episode: Episode, config: RewardConfig = RewardConfig()) -> list[float]:
     """Return one shaped reward per decision step of ``episode``, in order.
 
@@ -70,22 +93,14 @@ def shape_rewards(episode: Episode, config: RewardConfig = RewardConfig()) -> li
         if not step.is_decision:  # a user message opens a new turn
             seen.clear()
             continue
-        reward = 0.0
+        call = call_key(step)
+        reward = decision_reward(step, step.kind == "tool_call" and call in seen, config)
         if step.kind == "tool_call":
-            reward -= config.step_cost
-            if step.error:
-                reward -= config.error_penalty
-            # canonical JSON, so argument order and unhashable values do not matter
-            call = (step.action, json.dumps(step.arguments, sort_keys=True, default=str))
-            if call in seen:
-                reward -= config.repeat_penalty
             seen.add(call)
         if step.reward is not None:
             reward += step.reward
         rewards.append(reward)
     if rewards:
-        outcome = (config.default_episode_reward if episode.reward is None
-                   else episode.reward)
-        success = outcome >= config.success_threshold
-        rewards[-1] += config.success_reward * outcome if success else config.failure_reward
+        outcome = config.default_episode_reward if episode.reward is None else episode.reward
+        rewards[-1] += outcome_reward(outcome, config)
     return rewards

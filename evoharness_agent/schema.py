@@ -23,6 +23,7 @@ Example line::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -35,7 +36,20 @@ FINISH_DESCRIPTION = (
     "or explain why the request cannot be done."
 )
 
-__all__ = ["FINISH", "FINISH_DESCRIPTION", "Episode", "Step", "ToolSpec"]
+__all__ = [
+    "FINISH",
+    "FINISH_DESCRIPTION",
+    "Episode",
+    "Step",
+    "ToolSpec",
+    "as_tool_spec",
+    "finish_spec",
+    "invalid_arguments_text",
+    "refused_text",
+    "tool_error_text",
+    "unavailable_tool_text",
+    "unknown_tool_text",
+]
 
 
 class ToolSpec(BaseModel):
@@ -145,3 +159,59 @@ def _normalise_json_schema(schema: Any) -> Any:
     if isinstance(schema, list):
         return [_normalise_json_schema(item) for item in schema]
     return schema
+
+
+def finish_spec() -> ToolSpec:
+    """Return the FINISH pseudo-tool, ranked like the real tools."""
+    return ToolSpec(name=FINISH, description=FINISH_DESCRIPTION)
+
+
+def as_tool_spec(tool: Any) -> ToolSpec:
+    """Accept a ToolSpec, a LangChain tool, an OpenAI function dict or a name; return a ToolSpec.
+
+    A LangChain tool keeps its full JSON schema (required fields, types, descriptions), the
+    same one an LLM is shown, so training logs and live runs describe a tool identically.
+    """
+    if isinstance(tool, ToolSpec):
+        return tool
+    if isinstance(tool, str):
+        return finish_spec() if tool == FINISH else ToolSpec(name=tool)
+    if isinstance(tool, dict):
+        function = tool.get("function", tool)
+        return ToolSpec(name=function["name"], description=function.get("description", ""),
+                        parameters=function.get("parameters") or {"type": "object"})
+    if hasattr(tool, "name") and hasattr(tool, "description"):
+        from langchain_core.utils.function_calling import convert_to_openai_tool
+
+        function = convert_to_openai_tool(tool)["function"]
+        return ToolSpec(name=tool.name, description=tool.description or "",
+                        parameters=function.get("parameters") or {"type": "object"})
+    raise TypeError(f"cannot use {type(tool).__name__} as a tool: give a ToolSpec, BaseTool or dict")
+
+
+# The observations of calls that failed or did not run. They are embedded into the policy's
+# state, so the environments, the executor and the recorder must word them identically.
+
+def tool_error_text(error: BaseException) -> str:
+    """Return the observation of a tool that raised ``error``."""
+    return f"Error: {type(error).__name__}: {error}"
+
+
+def invalid_arguments_text(tool: str, detail: object) -> str:
+    """Return the observation of a call whose arguments the tool's schema rejects."""
+    return f"Error: invalid arguments for {tool!r}: {' '.join(str(detail).split())}"
+
+
+def unknown_tool_text(tool: str, available: Iterable[str]) -> str:
+    """Return the observation of a call to a tool that does not exist."""
+    return f"Error: unknown tool {tool!r}. Available tools: {', '.join(available)}"
+
+
+def unavailable_tool_text(tool: str) -> str:
+    """Return the observation of a call to a tool that exists but is not available now."""
+    return f"Error: tool {tool!r} is not available in this turn"
+
+
+def refused_text(reason: str) -> str:
+    """Return the observation of a call the guardrails refused."""
+    return f"Refused: {reason}. The tool was not run."

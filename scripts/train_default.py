@@ -19,9 +19,9 @@ import json
 import shutil
 from pathlib import Path
 
-from evoharness_agent.config import TrainConfig
-from evoharness_agent.datasets import bfcl_paths, read_native, split_bfcl
-from evoharness_agent.trainer import train_on_episodes
+from evoharness_agent.learning.config import TrainConfig
+from evoharness_agent.learning.trainer import train_on_episodes
+from evoharness_agent.logs.bundled import bfcl_paths, read_native, split_bfcl
 
 
 def main() -> None:

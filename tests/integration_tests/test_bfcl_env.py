@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from evoharness_agent.bfcl_env import (
+from evoharness_agent.envs.base import ToolAction
+from evoharness_agent.envs.bfcl import (
     BFCL_INSTALL_HINT,
     BFCLEnvironment,
     bfcl_available,
     load_bfcl_instances,
     replay_gold,
 )
-from evoharness_agent.datasets import bfcl_paths, read_native
-from evoharness_agent.envs import ToolAction
+from evoharness_agent.logs.bundled import bfcl_paths, read_native
 from evoharness_agent.rewards import shape_rewards
 from evoharness_agent.schema import FINISH, Episode
 

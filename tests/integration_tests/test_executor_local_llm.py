@@ -21,12 +21,13 @@ from langchain_core.agents import AgentAction  # noqa: E402
 from langchain_core.callbacks import BaseCallbackHandler  # noqa: E402
 from langchain_core.tools import BaseTool  # noqa: E402
 
-from evoharness_agent.bfcl_env import BFCL_INSTALL_HINT, BFCLEnvironment, bfcl_available  # noqa: E402
-from evoharness_agent.datasets import bfcl_paths, bfcl_scenario_number, read_native  # noqa: E402
+from evoharness_agent.agents.executor import PolicyAgentAction, PolicyAgentExecutor  # noqa: E402
 from evoharness_agent.demo import SHIPPED_POLICY  # noqa: E402
-from evoharness_agent.encoding import StateEncoder  # noqa: E402
-from evoharness_agent.executor import RANK_EVENT, PolicyAgentAction, PolicyAgentExecutor  # noqa: E402
+from evoharness_agent.encoding.embedder import StateEncoder  # noqa: E402
+from evoharness_agent.envs.bfcl import BFCL_INSTALL_HINT, BFCLEnvironment, bfcl_available  # noqa: E402
 from evoharness_agent.local_llm import MODELS, LocalChatModel  # noqa: E402
+from evoharness_agent.logs.bundled import bfcl_paths, bfcl_scenario_number, read_native  # noqa: E402
+from evoharness_agent.logs.events import RANK_EVENT  # noqa: E402
 from evoharness_agent.policy import ToolPolicy  # noqa: E402
 from evoharness_agent.schema import FINISH  # noqa: E402
 

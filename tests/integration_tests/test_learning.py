@@ -1,6 +1,6 @@
 """Offline RL must beat behaviour cloning when most logged runs are mistakes.
 
-The simulator (:mod:`evoharness_agent.simulation`) has a known optimal tool order per task
+The simulator (:mod:`tests.kit.simulation`) has a known optimal tool order per task
 family (refund: ``lookup_user`` → ``get_order`` → ``refund_order`` → FINISH; address change:
 ``lookup_user`` → ``update_address`` → FINISH). The logs come from a mixture of noisy agents
 in which the most common one forgets the last tool and answers too early, so imitating the
@@ -19,12 +19,13 @@ from typing import Any
 
 import pytest
 
-from evoharness_agent.config import TrainConfig
-from evoharness_agent.encoding import StateEncoder
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.learning.config import TrainConfig
+from evoharness_agent.learning.trainer import train_on_episodes
 from evoharness_agent.policy import ToolPolicy, ToolScore
 from evoharness_agent.rewards import RewardConfig
 from evoharness_agent.schema import FINISH, Episode, Step
-from evoharness_agent.simulation import (
+from tests.kit.simulation import (
     NoisyScriptAgent,
     SequentialToolSim,
     actions_of,
@@ -33,7 +34,6 @@ from evoharness_agent.simulation import (
     generate_logs,
     greedy_rollout,
 )
-from evoharness_agent.trainer import train_on_episodes
 
 # Who wrote the logs. Only "careful" follows the right order (with 10% random slips); the
 # most common agent forgets the last required tool, another starts with a call that fails

@@ -15,7 +15,7 @@ from langchain.agents.middleware import ModelRequest  # noqa: E402
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa: E402
 
 from evoharness_agent import EpisodeRecorder, ToolPolicy, load_episodes  # noqa: E402
-from evoharness_agent.middleware import PolicyToolSelectorMiddleware, conversation_state  # noqa: E402
+from evoharness_agent.agents.middleware import PolicyToolSelectorMiddleware, conversation_state  # noqa: E402
 from evoharness_agent.schema import FINISH  # noqa: E402
 
 WEATHER = "What is the weather like in Tokyo today?"

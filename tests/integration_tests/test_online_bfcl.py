@@ -10,24 +10,23 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from evoharness_agent.bfcl_env import BFCL_INSTALL_HINT, bfcl_available
 from evoharness_agent.cli import app
-from evoharness_agent.config import TrainConfig
-from evoharness_agent.encoding import StateEncoder
-from evoharness_agent.evaluation import CountBaselines
-from evoharness_agent.importers import load_episodes
-from evoharness_agent.online import (
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.envs.bfcl import BFCL_INSTALL_HINT, bfcl_available
+from evoharness_agent.envs.registry import load_environment
+from evoharness_agent.evaluation.baselines import CountBaselines
+from evoharness_agent.evaluation.choosers import (
     BigramChooser,
     EmbeddingChooser,
     PolicyChooser,
     RandomChooser,
-    collect,
-    evaluate_online,
-    load_environment,
 )
+from evoharness_agent.evaluation.online import collect, evaluate_online
+from evoharness_agent.learning.config import TrainConfig
+from evoharness_agent.learning.trainer import train_on_episodes
+from evoharness_agent.logs.importers import load_episodes
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import Episode, Step, ToolSpec
-from evoharness_agent.trainer import train_on_episodes
 
 pytestmark = pytest.mark.skipif(not bfcl_available(),
                                 reason=f"bfcl_eval is not installed ({BFCL_INSTALL_HINT})")
@@ -109,7 +108,7 @@ def test_policy_and_baselines_on_held_out_scenarios(policy_dir: Path, encoder: S
 def test_collect_then_fine_tune(policy_dir: Path, encoder: StateEncoder, tmp_path: Path) -> None:
     setup = load_environment("bfcl", split="train", limit=2)
     policy = ToolPolicy.load(policy_dir, encoder=encoder, device="cpu")
-    from evoharness_agent.online import behaviour_chooser
+    from evoharness_agent.evaluation.choosers import behaviour_chooser
 
     episodes = collect(setup.env, setup.tasks, behaviour_chooser("epsilon-policy", policy, epsilon=0.5))
     assert len(episodes) == 2 and all(e.reward in (0.0, 1.0) for e in episodes)

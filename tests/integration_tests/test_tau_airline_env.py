@@ -10,17 +10,18 @@ from typing import Any
 
 import pytest
 
-from evoharness_agent.datasets import read_native, tau_airline_test_path
-from evoharness_agent.envs import ToolAction
-from evoharness_agent.online import evaluate_online, load_environment, rollout
-from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
-from evoharness_agent.tau_airline_env import (
+from evoharness_agent.envs.base import ToolAction
+from evoharness_agent.envs.registry import load_environment
+from evoharness_agent.envs.tau_airline import (
     TauAirlineEnvironment,
     airline_functions,
     db_hash,
     load_airline_db,
     tau_airline_split,
 )
+from evoharness_agent.evaluation.online import evaluate_online, rollout
+from evoharness_agent.logs.bundled import read_native, tau_airline_test_path
+from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
 
 RAW = Path(__file__).resolve().parents[3] / "shared" / "data" / "tau_bench" / "airline_test.jsonl"
 INITIAL_HASH = "4587e6b48ad2b2c4f3e1fecb40aabec7bb2286513273b8f8cec3f5865222f290"

@@ -10,7 +10,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from evoharness_agent.encoding import StateEncoder  # noqa: E402
+from evoharness_agent.encoding.embedder import StateEncoder  # noqa: E402
 
 # Tiny models on a shared 2-core machine: extra intra-op threads only contend.
 torch.set_num_threads(1)

@@ -1,15 +1,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from rich.console import Console
-from synthetic_logs import synthetic_episodes
 from typer.testing import CliRunner
 
 from evoharness_agent import cli
-from evoharness_agent.importers import write_episodes
+from evoharness_agent.logs.importers import write_episodes
+from tests.kit.synthetic_logs import synthetic_episodes
 
 runner = CliRunner()
 
@@ -122,3 +124,16 @@ def test_unknown_algorithm_setting_in_config(workdir: Path) -> None:
                                      "--config", str(config), "--steps", "1"])
     assert result.exit_code == 2, result.output
     assert "alpah" in flat(result.output)
+
+
+def test_algorithm_choices_match_the_registry() -> None:
+    # The CLI repeats the names (the registry imports torch); the other choices come from their registries.
+    from evoharness_agent.learning.algorithms import ALGORITHMS
+
+    assert [algo.value for algo in cli.Algo] == list(ALGORITHMS)
+
+
+def test_cli_starts_without_torch() -> None:
+    code = "import sys, evoharness_agent.cli; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False", result.stderr

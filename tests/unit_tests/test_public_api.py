@@ -50,12 +50,29 @@ def test_all_matches_expected_and_imports() -> None:
         evoharness_agent.no_such_name  # noqa: B018
 
 
-def test_package_has_the_core_modules() -> None:
+def test_package_folders_show_the_pipeline() -> None:
+    """The folder tree is the way data travels: logs → encoding → learning → policy → agents."""
     names = {module.__name__ for module in MODULES}
-    for core in ("schema", "encoding", "dataset", "networks", "config", "trainer", "policy", "evaluation",
-                 "cli", "algorithms", "algorithms.bc", "algorithms.cql", "algorithms.iql", "algorithms.bcq",
-                 "algorithms.common"):
+    for core in ("schema", "rewards", "runtime", "logs.importers", "logs.recorder", "logs.scrubber", "logs.bundled",
+                 "encoding.embedder", "encoding.state", "encoding.transitions", "learning.networks",
+                 "learning.config", "learning.checkpoints", "learning.trainer", "learning.algorithms.base",
+                 "learning.algorithms.bc", "learning.algorithms.cql", "learning.algorithms.iql",
+                 "learning.algorithms.bcq", "policy", "agents.executor", "agents.guardrails", "agents.llm_calls",
+                 "envs.base", "envs.bfcl", "envs.tau_airline", "envs.registry", "evaluation.offline",
+                 "evaluation.online", "evaluation.choosers", "evaluation.baselines", "evaluation.reports",
+                 "local_llm.weights", "local_llm.worker", "local_llm.prompting", "local_llm.chat_model", "cli", "demo"):
         assert f"evoharness_agent.{core}" in names
+    assert "evoharness_agent.simulation" not in names  # a test kit, not part of the product
+
+
+def test_light_imports_stay_light() -> None:
+    """``import evoharness_agent`` and the recorder must not load torch (a fresh interpreter checks)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import evoharness_agent; from evoharness_agent import EpisodeRecorder, Episode; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
@@ -113,8 +130,9 @@ def test_public_objects_are_documented_and_annotated(module: ModuleType) -> None
 def test_introspection_sees_the_api() -> None:
     """Guard the checker itself: it must actually visit the functions it is meant to check."""
     seen = {qualname for module in MODULES for qualname, _, _ in _public_callables(module)}
-    for expected in ("evoharness_agent.dataset.build_dataset", "evoharness_agent.policy.ToolPolicy.rank",
-                     "evoharness_agent.policy.ToolPolicy.load", "evoharness_agent.encoding.StateEncoder.embed",
-                     "evoharness_agent.encoding.StateEncoder.dim", "evoharness_agent.trainer.train_on_episodes",
-                     "evoharness_agent.algorithms.cql.cql_penalty", "evoharness_agent.networks.ToolScorer.forward"):
+    for expected in ("encoding.transitions.build_dataset", "policy.ToolPolicy.rank", "policy.ToolPolicy.load",
+                     "encoding.embedder.StateEncoder.embed", "encoding.embedder.StateEncoder.dim",
+                     "learning.trainer.train_on_episodes", "learning.algorithms.cql.cql_penalty",
+                     "learning.networks.ToolScorer.forward", "encoding.state.state_rows"):
+        expected = f"evoharness_agent.{expected}"
         assert expected in seen

@@ -1,0 +1,1 @@
+"""LangChain agents driven by the policy: the executor, the v1 middleware, guardrails and the LLM calls."""

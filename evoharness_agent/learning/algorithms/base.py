@@ -1,0 +1,190 @@
+"""What every algorithm is (the :class:`Algorithm` protocol) and shares: sizes, optimiser, targets, Polyak."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from evoharness_agent.encoding.transitions import Batch
+from evoharness_agent.learning.networks import NetworkConfig, StateValue, ToolScorer, masked_scores
+
+__all__ = [
+    "Algorithm",
+    "AlgorithmBase",
+    "Dims",
+    "ToolInputs",
+    "adam",
+    "double_dqn_target",
+    "greedy",
+    "polyak",
+    "td_target",
+]
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Input sizes of the networks."""
+
+    state_dim: int
+    """Size of a gathered state vector."""
+    tool_dim: int
+    """Size of a tool's text embedding."""
+    n_tools: int
+    """Tools known at training time (rows of the per-tool bias table)."""
+
+    def scorer(self, network: NetworkConfig) -> ToolScorer:
+        """Build a fresh :class:`ToolScorer` of these sizes."""
+        return ToolScorer(self.state_dim, self.tool_dim, self.n_tools, network)
+
+    def value(self, network: NetworkConfig) -> StateValue:
+        """Build a fresh :class:`StateValue` of these sizes."""
+        return StateValue(self.state_dim, network)
+
+
+@dataclass
+class ToolInputs:
+    """The tool table every score is computed against: embeddings and bias ids."""
+
+    embeddings: torch.Tensor
+    ids: torch.Tensor | None
+
+
+def adam(modules: list[nn.Module], lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """One Adam over all ``modules``, fused (a single kernel per step) where supported."""
+    params = [p for module in modules for p in module.parameters()]
+    try:
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay, foreach=True)
+
+
+@torch.no_grad()
+def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """Move ``target`` towards ``source`` by ``tau`` with one foreach op."""
+    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
+
+
+def td_target(rewards: torch.Tensor, dones: torch.Tensor, next_values: torch.Tensor,
+              gamma: float) -> torch.Tensor:
+    """Return the one-step target ``r + gamma * (1 - done) * V(s')``."""
+    return rewards + gamma * (1.0 - dones) * next_values.float()
+
+
+def greedy(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Return the best available action of each row."""
+    return masked_scores(scores, mask).argmax(dim=1)
+
+
+def double_dqn_target(online_next: torch.Tensor, target_next: torch.Tensor, next_allowed: torch.Tensor,
+                      rewards: torch.Tensor, dones: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Return ``r + gamma * Q_target(s', argmax_{a allowed} Q(s', a))``: the online net picks, the target values."""
+    next_actions = greedy(online_next, next_allowed)
+    return td_target(rewards, dones, target_next.gather(1, next_actions[:, None]).squeeze(1), gamma)
+
+
+@runtime_checkable
+class Algorithm(Protocol):
+    """What the trainer, the checkpoints and the policy use of an algorithm."""
+
+    name: ClassVar[str]
+    acting: ClassVar[tuple[str, ...]]
+    modules: dict[str, nn.Module]
+    tools: ToolInputs
+
+    def update(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """Take one gradient step on ``batch``; return scalar logs."""
+        ...
+
+    def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
+        """Return the ``(B, N)`` scores the algorithm acts on (higher is better)."""
+        ...
+
+    def set_training(self, training: bool) -> None:
+        """Switch the trained modules between train and eval mode."""
+        ...
+
+    def acting_modules(self) -> dict[str, nn.Module]:
+        """Return the modules a policy needs at inference."""
+        ...
+
+    def to(self, device: torch.device | str) -> AlgorithmBase:
+        """Move every module and the tool table to ``device``."""
+        ...
+
+    def state_dict(self) -> dict[str, dict]:
+        """Return module and optimiser state for a checkpoint."""
+        ...
+
+    def load_state_dict(self, state: dict[str, dict]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        ...
+
+
+class AlgorithmBase:
+    """Shared plumbing of the algorithms: named modules, one optimiser, checkpoint state."""
+
+    name: ClassVar[str] = "base"
+    acting: ClassVar[tuple[str, ...]] = ()
+    """Names of the modules a policy needs at inference."""
+
+    def __init__(self, tools: ToolInputs) -> None:
+        """Remember the tool table; subclasses add modules, then call :meth:`_finish_init`."""
+        self.tools = tools
+        self.modules: dict[str, nn.Module] = {}
+        self.trainable: tuple[str, ...] = ()
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    def _finish_init(self, trainable: list[str], lr: float, weight_decay: float = 0.0) -> None:
+        """Create the optimiser over the ``trainable`` modules and enter training mode."""
+        self.trainable = tuple(trainable)
+        self.optimizer = adam([self.modules[n] for n in trainable], lr, weight_decay)
+        self.set_training(True)
+
+    def set_training(self, training: bool) -> None:
+        """Put trained modules in train or eval mode; target copies always stay in eval mode.
+
+        A target network is a slow average used to compute TD targets: dropout noise in it
+        would only add variance to the targets (and to IQL's advantages).
+        """
+        for name, module in self.modules.items():
+            module.train(training and name in self.trainable)
+
+    def step(self, loss: torch.Tensor) -> None:
+        """Apply one gradient step."""
+        assert self.optimizer is not None
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+
+    def score(self, module: str, states: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
+        """Score every tool of the table with one of the scorers."""
+        return self.modules[module](states, self.tools.embeddings, self.tools.ids, pairs).float()
+
+    def acting_modules(self) -> dict[str, nn.Module]:
+        """Return the modules a policy needs at inference."""
+        return {name: self.modules[name] for name in self.acting}
+
+    def to(self, device: torch.device | str) -> AlgorithmBase:
+        """Move every module (and the tool table) to ``device``."""
+        for module in self.modules.values():
+            module.to(device)
+        self.tools = ToolInputs(self.tools.embeddings.to(device),
+                                None if self.tools.ids is None else self.tools.ids.to(device))
+        return self
+
+    def state_dict(self) -> dict[str, dict]:
+        """Return module and optimiser state for a checkpoint."""
+        state = {name: module.state_dict() for name, module in self.modules.items()}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, dict]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        for name, module in self.modules.items():
+            module.load_state_dict(state[name])
+        if self.optimizer is not None and "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,197 @@
+"""The training loop: logs → transitions → offline RL → checkpoints → a policy directory.
+
+The loop is deliberately lean: transitions live on the device as tensors, a batch is a
+``randint`` plus ``index_select``, each network runs one differentiable forward pass per
+step (next states go through ``no_grad`` passes, so backward touches B rows, not 2B), Adam is
+fused, target networks move with one foreach op, matrix products run in bf16 (autocast)
+where the hardware multiplies bf16 natively (recent GPUs; CPUs with AVX512-BF16 or AMX, where
+they are ~5x faster than fp32), and losses reach the CPU only every ``log_every`` steps. A
+checkpoint (weights, optimiser, generator state) is written atomically every
+``checkpoint_every`` steps; ``resume=True`` continues from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.encoding.transitions import TransitionDataset, build_dataset
+from evoharness_agent.learning.algorithms import Algorithm, Dims, ToolInputs, make_algorithm
+from evoharness_agent.learning.checkpoints import (
+    initialise_from,
+    load_checkpoint,
+    read_policy_meta,
+    save_checkpoint,
+    save_policy,
+)
+from evoharness_agent.learning.config import TrainConfig
+from evoharness_agent.learning.networks import masked_scores
+from evoharness_agent.learning.precision import training_autocast
+from evoharness_agent.logs.importers import load_episodes
+from evoharness_agent.runtime import atomic_write_bytes, pick_device
+from evoharness_agent.schema import FINISH, Episode
+
+__all__ = ["TrainResult", "set_threads", "split_episodes", "train", "train_on_episodes"]
+
+def set_threads(threads: int | None) -> None:
+    """Use ``threads`` CPU threads (default: 1 on machines with ≤ 2 cores, else up to 8)."""
+    cores = os.cpu_count() or 1
+    torch.set_num_threads(threads or (1 if cores <= 2 else min(cores, 8)))
+
+
+def split_episodes(episodes: Sequence[Episode], val_fraction: float, seed: int) -> tuple[
+        list[int], list[int]]:
+    """Split episode indices into train and validation, by episode, reproducibly."""
+    order = list(range(len(episodes)))
+    random.Random(seed).shuffle(order)
+    n_val = int(round(len(order) * val_fraction)) if len(order) > 1 else 0
+    return sorted(order[n_val:]), sorted(order[:n_val])
+
+
+class TrainResult(dict):
+    """Final metrics of a run (a dict), with the output directory."""
+
+
+def _subset(dataset: TransitionDataset, episode_ids: list[int]) -> torch.Tensor:
+    """Transition indices belonging to ``episode_ids``."""
+    wanted = torch.zeros(int(dataset.tensors["episode_ids"].max().item()) + 1 if len(dataset) else 1,
+                         dtype=torch.bool)
+    wanted[episode_ids] = True
+    return torch.nonzero(wanted[dataset.tensors["episode_ids"].cpu()]).squeeze(1)
+
+
+@torch.no_grad()
+def next_tool_accuracy(algorithm: Algorithm, dataset: TransitionDataset, index: torch.Tensor) -> dict[str, float]:
+    """Top-1 next-tool accuracy (among tools) and FINISH accuracy on transitions ``index``."""
+    if index.numel() == 0:
+        return {}
+    batch = dataset.batch(index.to(dataset.tensors["actions"].device))
+    scores = masked_scores(algorithm.scores(batch.states, batch.pairs), batch.masks)
+    finish = dataset.tools.index[FINISH]
+    is_tool = batch.actions != finish
+    # Ties count against the gold tool, as in evaluate (evaluation.offline.pessimistic_rank):
+    # a hit needs the gold tool to score above every other available tool.
+    gold = scores.gather(1, batch.actions[:, None]).squeeze(1)
+    others = scores.scatter(1, batch.actions[:, None], -float("inf"))
+    others[:, finish] = -float("inf")
+    top1 = (gold > others.max(1).values)[is_tool].float().mean()
+    finish_acc = ((scores.argmax(1) == finish) == ~is_tool).float().mean()
+    return {"val/top1": float(top1), "val/finish_acc": float(finish_acc)}
+
+
+def train_on_episodes(
+    episodes: Sequence[Episode],
+    config: TrainConfig,
+    out: str | Path,
+    *,
+    encoder: StateEncoder | None = None,
+    init: str | Path | None = None,
+    resume: bool = False,
+    show_progress: bool = True,
+) -> TrainResult:
+    """Train a policy on ``episodes`` and write it to ``out``; returns final metrics."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if init is not None:
+        init_meta = read_policy_meta(init)
+        config = config.model_copy(update={"model": config.model.model_copy(update={
+            "encoder": init_meta["encoder"], "max_seq_length": init_meta["max_seq_length"],
+            "history_window": init_meta["history_window"], **init_meta["network"]})})
+    torch.manual_seed(config.training.seed)
+    encoder = encoder or StateEncoder(config.model.encoder, max_seq_length=config.model.max_seq_length)
+    encoded_before = encoder.n_encoded  # a caller's encoder may have encoded texts already
+    rewards = config.rewards.reward_config()
+    dataset = build_dataset(episodes, encoder, history_window=config.model.history_window,
+                            reward_config=rewards, show_progress=show_progress)
+    if len(dataset) == 0:
+        raise ValueError("the logs contain no decisions (no tool calls or replies) to learn from")
+    train_ids, val_ids = split_episodes(episodes, config.data.val_fraction, config.training.seed)
+    device = pick_device(config.training.device)
+    set_threads(config.training.threads)
+    dataset = dataset.to(device)
+    train_index = _subset(dataset, train_ids).to(device)
+    val_index = _subset(dataset, val_ids)
+
+    network = config.model.network()
+    dims = Dims(dataset.state_dim, int(dataset.tools.embeddings.shape[1]), len(dataset.tools.specs))
+    tools = ToolInputs(dataset.tools.embeddings, torch.arange(len(dataset.tools.specs), device=device))
+    algorithm = make_algorithm(config.algorithm.name, config.algorithm.params, dims, network, tools).to(device)
+    meta = {
+        "algorithm": config.algorithm.name, "params": config.algorithm.params,
+        "network": asdict(network), "encoder": config.model.encoder,
+        "max_seq_length": config.model.max_seq_length, "history_window": config.model.history_window,
+        "state_dim": dims.state_dim, "tool_dim": dims.tool_dim, "known_tools": dataset.tools.names,
+        "config": config.model_dump(),
+    }
+    generator = torch.Generator(device=device).manual_seed(config.training.seed)
+    start = load_checkpoint(out, algorithm, generator) if resume else 0
+    if init is not None and start == 0:
+        initialise_from(algorithm, init, dataset.tools.names)
+
+    writer = None
+    if config.logging.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(out / "tensorboard"), purge_step=start or None)
+    steps, log_every = config.training.steps, config.logging.log_every
+    log_file = out / "train_log.json"
+    # After a resume the log continues the interrupted run's, minus steps that will be redone.
+    history: list[dict[str, float]] = ([row for row in json.loads(log_file.read_text()) if row["step"] <= start]
+                                       if start and log_file.exists() else [])
+    metrics: dict[str, float] = {}
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                        TextColumn("{task.fields[losses]}"), disable=not show_progress)
+    with progress:
+        bar = progress.add_task(f"train {config.algorithm.name}", total=steps, completed=start, losses="")
+        for step in range(start + 1, steps + 1):
+            batch = dataset.sample(config.training.batch_size, generator, train_index)
+            with training_autocast(device, config.training.bf16):
+                logs = algorithm.update(batch)
+            if step % log_every == 0 or step == steps:
+                metrics = {k: float(v) for k, v in logs.items()}
+                history.append({"step": step, **metrics})
+                if writer is not None:
+                    for key, value in metrics.items():
+                        writer.add_scalar(key, value, step)
+                shown = "  ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in metrics.items())
+                progress.update(bar, losses=shown)
+            if step % config.training.eval_every == 0 or step == steps:
+                algorithm.set_training(False)
+                val = next_tool_accuracy(algorithm, dataset, val_index)
+                algorithm.set_training(True)
+                metrics.update(val)
+                if writer is not None:
+                    for key, value in val.items():
+                        writer.add_scalar(key, value, step)
+            if step % config.training.checkpoint_every == 0 or step == steps:
+                save_checkpoint(out, step, algorithm, generator, meta)
+                atomic_write_bytes(log_file, json.dumps(history).encode())
+            progress.update(bar, advance=1)
+    if writer is not None:
+        writer.close()
+    result = TrainResult(metrics, n_episodes=len(episodes), n_transitions=len(dataset),
+                         n_encoded=encoder.n_encoded - encoded_before, out=str(out))
+    save_policy(out, algorithm, {**meta, "metrics": dict(result)})
+    atomic_write_bytes(log_file, json.dumps(history).encode())
+    return result
+
+
+def train(config: TrainConfig, out: str | Path, *, init: str | Path | None = None,
+          resume: bool = False, show_progress: bool = True) -> TrainResult:
+    """Load the logs named in ``config.data`` and train; see :func:`train_on_episodes`."""
+    loaded = load_episodes(config.data.paths, config.data.format, skip_invalid=config.data.skip_invalid,
+                           default_reward=config.data.default_reward)
+    if loaded.skipped:
+        print(loaded.summary())
+    return train_on_episodes(loaded.episodes, config, out, init=init, resume=resume,
+                             show_progress=show_progress)
+

@@ -1,0 +1,288 @@
+"""The LangChain chat model ``LocalChatModel``: a local GGUF file run by llama.cpp.
+
+It binds tools and structured output like any LangChain chat model, builds each call with
+``prompting``, runs it on the ``worker`` process, and loads only weights whose sha256 is
+the expected one (``weights``). Tool calls and structured output are decoded under JSON
+schemas, so their arguments always parse and match the tool's schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from evoharness_agent.local_llm.prompting import (
+    _normalize_tool_choice,
+    _parse_route,
+    _reply_text,
+    _structured_schema,
+    build_grammar,
+    parse_tool_reply,
+    prepare_call,
+)
+from evoharness_agent.local_llm.weights import MODELS, ensure_model, verify_sha256
+from evoharness_agent.local_llm.worker import LocalModelError, _get_server, _release_servers, available_cores
+
+__all__ = ["LocalChatModel"]
+
+
+def _add_usage(total: dict[str, int], response: Mapping[str, Any]) -> None:
+    """Add a response's token counts to ``total`` (a two-stage choice makes two calls)."""
+    for key, value in (response.get("usage") or {}).items():
+        if isinstance(value, int):
+            total[key] = total.get(key, 0) + value
+
+
+class LocalChatModel(BaseChatModel):
+    """LangChain chat model over a local GGUF file, run on CPU by llama.cpp (xllamacpp).
+
+    Tool calls and structured output are produced with JSON-schema constrained decoding, so
+    their arguments always parse and match the tool's schema.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    model_path: str
+    """Path of the GGUF file."""
+    sha256: str | None = None
+    """Expected sha256 of ``model_path``, checked before loading (None: not checked)."""
+    temperature: float = 0.0
+    """Sampling temperature; 0 is greedy, which suits argument filling."""
+    max_tokens: int = 512
+    """Most tokens generated per call."""
+    n_ctx: int = 4096
+    """Context window in tokens (prompt plus reply)."""
+    n_threads: int | None = Field(default=None, validate_default=True)
+    """CPU threads; None means all available cores, and more are capped to those."""
+    n_batch: int = 512
+    """Prompt-processing batch size."""
+    seed: int | None = None
+    """Sampling seed (only matters when temperature > 0)."""
+    current_date: dt.date | None = None
+    """The date given to the model as today for tool and structured calls (None: today)."""
+    date_in_prompt: bool = True
+    """Whether tool and structured calls tell the model today's date and the coming week."""
+    two_stage_choice: bool = True
+    """Choose among several tools by picking the name first, then filling that tool's
+    arguments (two calls, better routing), instead of one ``{"tool", "arguments"}`` reply."""
+    verbose: bool = False
+    """Whether llama.cpp logs to stderr."""
+
+    @field_validator("n_threads")
+    @classmethod
+    def _cap_threads(cls, value: int | None) -> int:
+        """Default to, and cap at, the cores available to this process."""
+        cores = available_cores()
+        if value is None:
+            return cores
+        if value < 1:
+            raise ValueError("n_threads must be at least 1")
+        return min(value, cores)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike[str], **kwargs: Any) -> LocalChatModel:
+        """Create a model from a known name (see ``MODELS``) or from a GGUF file path."""
+        key = str(name_or_path)
+        spec = MODELS.get(key.lower())
+        if spec is not None:
+            path = ensure_model(spec.name)
+            kwargs.setdefault("sha256", spec.sha256)
+            return cls(model_path=str(path), **kwargs)
+        if Path(key).expanduser().is_file():
+            return cls(model_path=str(Path(key).expanduser()), **kwargs)
+        raise ValueError(f"{key!r} is neither a known model {sorted(MODELS)} nor an existing GGUF file")
+
+    @property
+    def _llm_type(self) -> str:
+        """Return the LangChain type tag of this model."""
+        return "evoharness-local-llamacpp"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        """Return the settings that identify this model's outputs (for caching and tracing)."""
+        return {
+            "model_path": self.model_path,
+            "sha256": self.sha256,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "n_ctx": self.n_ctx,
+            "n_threads": self.n_threads,
+            "seed": self.seed,
+        }
+
+    # ------------------------------------------------------------------ loading
+
+    def _server(self) -> Any:
+        """Return the llama.cpp server, verifying the file's sha256 before the first load."""
+        if self.sha256 is not None:
+            verify_sha256(self.model_path, self.sha256)  # memoised: hashed once per process
+        elif not Path(self.model_path).is_file():
+            raise FileNotFoundError(f"model file not found: {self.model_path}")
+        return _get_server(self.model_path, self.n_ctx, int(self.n_threads or 1), self.n_batch, self.verbose)
+
+    def load(self) -> LocalChatModel:
+        """Load the weights now instead of at the first call; return self."""
+        self._server()
+        return self
+
+    def close(self) -> None:
+        """Free the llama.cpp server(s) of this model file (the next call loads it again)."""
+        _release_servers(self.model_path)
+
+    # ------------------------------------------------------------------ binding
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | dict[str, Any] | bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools; a forced or chosen call is decoded under the tools' JSON schemas."""
+        kwargs.pop("strict", None)  # every call is schema-constrained already
+        functions = [convert_to_openai_tool(t)["function"] for t in tools]
+        _normalize_tool_choice(tool_choice, functions)  # fail now on an unknown name
+        return self.bind(tools=functions, tool_choice=tool_choice, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict[str, Any] | type,
+        *,
+        include_raw: bool = False,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict[str, Any] | BaseModel]:
+        """Return a runnable whose output is parsed from JSON constrained to ``schema``."""
+        kwargs.pop("method", None)
+        kwargs.pop("strict", None)
+        if kwargs:
+            raise ValueError(f"unsupported arguments {kwargs}")
+        js, title, description = _structured_schema(schema)
+        llm = self.bind(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": title, "description": description, "schema": js},
+            },
+            ls_structured_output_format={"kwargs": {"method": "json_schema"}, "schema": schema},
+        )
+        parser: Runnable[Any, Any]
+        if isinstance(schema, type) and issubclass(schema, BaseModel):
+            parser = PydanticOutputParser(pydantic_object=schema)
+        else:
+            parser = JsonOutputParser()
+        if include_raw:
+            parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+            fallback = RunnablePassthrough.assign(parsed=lambda _: None)
+            return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
+        return llm | parser
+
+    # ------------------------------------------------------------------ generation
+
+    def _today(self) -> dt.date:
+        """Return the date the model is told is today."""
+        return self.current_date or dt.date.today()
+
+    def _complete(
+        self, chat: list[dict[str, str]], stop: list[str] | None, schema: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """Run one chat completion on llama.cpp and return its raw response."""
+        request: dict[str, Any] = {
+            "messages": chat,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "cache_prompt": True,
+        }
+        if self.seed is not None:
+            request["seed"] = self.seed
+        if stop:
+            request["stop"] = list(stop)
+        if schema is not None:
+            request["grammar"] = build_grammar(schema)
+        response = self._server().handle_chat_completions(request)
+        if not isinstance(response, dict) or "error" in response or not response.get("choices"):
+            err = response.get("error") if isinstance(response, dict) else response
+            message = err.get("message", err) if isinstance(err, dict) else err
+            raise LocalModelError(f"llama.cpp failed the request: {message}")
+        return response
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        """Generate one reply: plain text, a constrained tool call, or constrained JSON."""
+        functions: list[dict[str, Any]] = list(kwargs.get("tools") or [])
+        names = [f["name"] for f in functions]
+        today = self._today() if self.date_in_prompt else None
+        mode, forced, chat, schema = prepare_call(
+            messages,
+            functions,
+            kwargs.get("tool_choice"),
+            kwargs.get("response_format"),
+            today=today,
+            two_stage=self.two_stage_choice,
+        )
+        usage: dict[str, int] = {}
+        response = self._complete(chat, None if mode == "route" else stop, schema)
+        _add_usage(usage, response)
+        content = _reply_text(response)
+        message: AIMessage | None = None
+        if mode == "route":
+            picked = _parse_route(content, names)
+            if picked is None:
+                message = parse_tool_reply(content, forced=None, names=names)
+            else:
+                mode, forced, chat, schema = prepare_call(messages, functions, picked, today=today)
+                response = self._complete(chat, stop, schema)
+                _add_usage(usage, response)
+                content = _reply_text(response)
+        if message is None:
+            if mode in ("forced", "choice"):
+                message = parse_tool_reply(content, forced=forced, names=names)
+            else:
+                message = AIMessage(content=content)
+        choice = response["choices"][0]
+        message.usage_metadata = UsageMetadata(
+            input_tokens=usage.get("prompt_tokens", 0),
+            output_tokens=usage.get("completion_tokens", 0),
+            total_tokens=usage.get("total_tokens", 0),
+        )
+        message.response_metadata = {
+            "model_name": Path(self.model_path).name,
+            "finish_reason": choice.get("finish_reason"),
+            "timings": response.get("timings", {}),
+        }
+        info = {"finish_reason": choice.get("finish_reason")}
+        return ChatResult(
+            generations=[ChatGeneration(message=message, generation_info=info)],
+            llm_output={"model_name": Path(self.model_path).name, "token_usage": usage},
+        )
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        """Generate in a thread-pool thread; calls to the llama.cpp worker are serialised."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, partial(self._generate, messages, stop, None, **kwargs))

@@ -1,0 +1,1 @@
+"""Logs in and out: importers, the recorder and its PII scrubber, message conversion, bundled data."""

@@ -1,0 +1,110 @@
+"""Where things run and where they are kept: the device rule, the cache folder, safe file writes.
+
+Every part of the package (encoder, trainer, policy, local model, guardrails, recorder) asks
+here, so the rules exist once:
+
+* device: ``auto`` means CUDA when a GPU is visible, else the CPU;
+* cache: ``$EVOHARNESS_CACHE_DIR``, else ``$XDG_CACHE_HOME/evoharness-agent``, else
+  ``~/.cache/evoharness-agent``;
+* files: a written file is replaced whole (readers see the old one or the new one, never a
+  half), and a log line is appended with one ``O_APPEND`` write, so lines stay whole across
+  threads and processes.
+
+Nothing here imports torch at module level: ``from evoharness_agent import EpisodeRecorder``
+must stay light.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+__all__ = [
+    "CACHE_ENV_VAR",
+    "append_line",
+    "atomic_write_bytes",
+    "atomic_write_with",
+    "atomic_writer",
+    "cache_dir",
+    "pick_device",
+]
+
+CACHE_ENV_VAR = "EVOHARNESS_CACHE_DIR"
+
+
+def pick_device(setting: str | None = "auto") -> str:
+    """Resolve ``auto`` (or ``None``) to ``cuda`` when a GPU is present, else ``cpu``; keep anything else."""
+    if setting in (None, "auto"):
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return setting
+
+
+def cache_dir() -> Path:
+    """Return the cache folder: ``$EVOHARNESS_CACHE_DIR``, else the XDG cache home's ``evoharness-agent``."""
+    override = os.environ.get(CACHE_ENV_VAR)
+    if override:
+        return Path(override).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "evoharness-agent"
+
+
+@contextmanager
+def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
+    """Yield a binary stream whose content replaces ``path`` whole when the block ends without error.
+
+    The data goes to a temporary file in the same folder, is fsynced, then renamed over
+    ``path``; on an error the temporary file is removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically (see :func:`atomic_writer`)."""
+    with atomic_writer(path) as handle:
+        handle.write(data)
+
+
+def atomic_write_with(path: str | Path, write: Callable[[str], None]) -> None:
+    """Replace ``path`` atomically with what ``write(tmp_path)`` writes (for writers that want a path)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append one line (a trailing newline is added) to a log file, creating it and its folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # One O_APPEND write per line keeps lines whole across threads and processes.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)

@@ -1,0 +1,155 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evoharness_agent.encoding.embedder import EmbeddingCache, StateEncoder
+from evoharness_agent.encoding.state import MAX_ARGUMENT_CHARS, MAX_CONTENT_CHARS, MAX_OBSERVATION_CHARS, step_text
+from evoharness_agent.runtime import cache_dir
+from evoharness_agent.schema import Step
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("encoding-cache")
+
+
+@pytest.fixture(scope="module")
+def encoder(shared_cache: Path) -> StateEncoder:  # overrides conftest's: this module inspects the cache
+    return StateEncoder(cache_dir=shared_cache, device="cpu")
+
+
+def test_embeddings_are_normalised_float32_with_model_dim(encoder: StateEncoder) -> None:
+    texts = ["search the web for today's weather", "delete the file notes.txt", "x"]
+    vectors = encoder.embed(texts)
+    assert vectors.shape == (3, 384)
+    assert vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert encoder.dim == 384
+    # distinct texts get distinct vectors
+    assert not np.allclose(vectors[0], vectors[1])
+
+
+def test_embeddings_carry_meaning(encoder: StateEncoder) -> None:
+    query, near, far = encoder.embed(["look up the weather forecast online", "search the web for the weather",
+                                      "remove a directory from the file system"])
+    assert query @ near > query @ far + 0.1
+
+
+def test_repeated_texts_are_encoded_once(encoder: StateEncoder) -> None:
+    before = encoder.n_encoded
+    vectors = encoder.embed(["alpha repeated text", "beta repeated text", "alpha repeated text"])
+    assert encoder.n_encoded - before == 2
+    np.testing.assert_array_equal(vectors[0], vectors[2])
+    again = encoder.embed(["beta repeated text", "alpha repeated text"])
+    assert encoder.n_encoded - before == 2
+    np.testing.assert_array_equal(again[0], vectors[1])
+    np.testing.assert_array_equal(again[1], vectors[0])
+    # a new text next to cached ones costs exactly one encoding, and order is kept
+    mixed = encoder.embed(["alpha repeated text", "gamma repeated text", "beta repeated text"])
+    assert encoder.n_encoded - before == 3
+    np.testing.assert_array_equal(mixed[0], vectors[0])
+    np.testing.assert_array_equal(mixed[2], vectors[1])
+
+
+def test_cached_vectors_match_fresh_batched_encoding(encoder: StateEncoder) -> None:
+    """A text embedded alone (cached) equals the same text embedded inside a batch."""
+    alone = encoder.embed(["the cat sat on the mat"])[0]
+    batch = encoder._load().encode(["something else entirely", "the cat sat on the mat"],
+                                   normalize_embeddings=True, convert_to_numpy=True)
+    np.testing.assert_allclose(alone, batch[1], atol=1e-5)
+
+
+def test_second_encoder_over_same_cache_encodes_nothing(encoder: StateEncoder, shared_cache: Path) -> None:
+    texts = ["first persisted text", "second persisted text", "third persisted text"]
+    first = encoder.embed(texts)
+    assert (shared_cache / "embeddings.sqlite").is_file()
+    second_encoder = StateEncoder(cache_dir=shared_cache, device="cpu")
+    second = second_encoder.embed(texts)
+    assert second_encoder.n_encoded == 0
+    assert second_encoder._model is None, "a full cache hit must not even load the model"
+    np.testing.assert_array_equal(first, second)
+
+
+def test_cache_key_includes_token_limit(encoder: StateEncoder, shared_cache: Path) -> None:
+    other = StateEncoder(cache_dir=shared_cache, max_seq_length=64)
+    assert other._key("same text") != encoder._key("same text")
+    assert encoder._key("same text") == StateEncoder(cache_dir=False)._key("same text")
+    assert encoder._key("same text") != encoder._key("same text ")
+
+
+def test_disabled_disk_cache_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVOHARNESS_CACHE_DIR", str(tmp_path / "default"))
+    assert cache_dir() == tmp_path / "default"
+    StateEncoder(cache_dir=False)
+    assert not (tmp_path / "default").exists()
+    StateEncoder()
+    assert (tmp_path / "default" / "embeddings.sqlite").is_file()
+
+
+def test_cache_dir_without_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("EVOHARNESS_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert cache_dir() == Path.home() / ".cache" / "evoharness-agent"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_dir() == tmp_path / "evoharness-agent"
+
+
+def test_embedding_cache_roundtrip_in_chunks(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "cache.sqlite"
+    cache = EmbeddingCache(path)
+    rng = np.random.default_rng(0)
+    items = {f"key{i}": rng.standard_normal(8).astype(np.float32) for i in range(1203)}  # > 2 chunks of 500
+    cache.put_many(items)
+    cache.close()
+    reopened = EmbeddingCache(path)
+    found = reopened.get_many([*items, "missing"])
+    assert set(found) == set(items)
+    for key, vector in items.items():
+        np.testing.assert_array_equal(found[key], vector)
+    reopened.put_many({"key0": np.ones(8, dtype=np.float32)})  # replace, not duplicate
+    np.testing.assert_array_equal(reopened.get_many(["key0"])["key0"], np.ones(8))
+    reopened.close()
+
+
+def _observation_part(text: str) -> str:
+    return text.split(": ", 1)[1]
+
+
+def test_step_text_tool_call_and_truncation() -> None:
+    short = Step(tool="ls", arguments={"b": 1, "a": "x"}, observation="file.txt")
+    assert step_text(short) == 'called ls({"a": "x", "b": 1}) -> ok: file.txt'
+    failed = Step(tool="ls", error=True, observation="no such dir")
+    assert step_text(failed) == "called ls({}) -> error: no such dir"
+
+    long_obs = "HEAD" + "o" * 5000
+    text = step_text(Step(tool="cat", observation=long_obs))
+    observation = _observation_part(text)
+    assert len(observation) == MAX_OBSERVATION_CHARS
+    assert observation.startswith("HEAD") and observation.endswith("…")
+
+    exact = "y" * MAX_OBSERVATION_CHARS
+    assert _observation_part(step_text(Step(tool="cat", observation=exact))) == exact  # at the limit: kept whole
+
+    long_args = {"text": "z" * 1000}
+    text = step_text(Step(tool="echo", arguments=long_args, observation="ok"))
+    inside = text[len("called echo("): text.index(") -> ")]
+    assert len(inside) == MAX_ARGUMENT_CHARS and inside.endswith("…")
+    assert inside.startswith('{"text": "zzz')
+
+
+def test_step_text_user_and_assistant_truncation() -> None:
+    assert step_text(Step(kind="user", content="hi")) == "user: hi"
+    assert step_text(Step(kind="assistant", content="done")) == "assistant replied: done"
+    long = "w" * (MAX_CONTENT_CHARS + 50)
+    reply = step_text(Step(kind="assistant", content=long)).removeprefix("assistant replied: ")
+    assert len(reply) == MAX_CONTENT_CHARS and reply.endswith("…")
+    user = step_text(Step(kind="user", content=long)).removeprefix("user: ")
+    assert len(user) == MAX_CONTENT_CHARS
+
+
+def test_structured_observation_is_embedded_as_json() -> None:
+    step = Step(tool="get", observation={"status": "ok", "n": 2})
+    assert step_text(step).endswith('-> ok: {"status": "ok", "n": 2}')

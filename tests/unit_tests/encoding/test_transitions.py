@@ -1,0 +1,235 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.encoding.state import FIXED_SLOTS, N_STATE_FEATURES, decisions, step_text
+from evoharness_agent.encoding.transitions import ToolTable, TransitionDataset, build_dataset
+from evoharness_agent.rewards import RewardConfig, shape_rewards
+from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec, finish_spec
+
+SEARCH = ToolSpec(name="search", description="Search the knowledge base.")
+READ = ToolSpec(name="read_file", description="Read a file.")
+WRITE = ToolSpec(name="write_file", description="Write a file to disk.")
+TASK = "Find the report and summarise it"
+FOLLOW_UP = "Now save the summary"
+
+
+def multi_turn() -> Episode:
+    """Two user turns; ``write_file`` only becomes available with the second one."""
+    return Episode(
+        id="multi", task=TASK, tools=[SEARCH, READ, WRITE], available_at_start=["search", "read_file"],
+        steps=[
+            Step(tool="search", arguments={"q": "report"}, observation="report.txt"),       # d0
+            Step(tool="read_file", arguments={"path": "report.txt"}, observation="denied", error=True),  # d1
+            Step(kind="assistant", content="I could not read it."),                         # d2 FINISH
+            Step(kind="user", content=FOLLOW_UP, tools_added=["write_file"]),               # not a decision
+            Step(tool="write_file", arguments={"path": "s.txt"}, observation="written"),    # d3
+            Step(kind="assistant", content="Saved."),                                       # d4 FINISH
+        ],
+        reward=1.0,
+    )
+
+
+def single() -> Episode:
+    return Episode(id="single", task="Look something up", tools=[SEARCH],
+                   steps=[Step(tool="search", arguments={"q": "x"}, observation="y"),
+                          Step(kind="assistant", content="y")], reward=0.0)
+
+
+def no_decisions() -> Episode:
+    return Episode(id="empty", task="Only a user message", tools=[READ],
+                   steps=[Step(kind="user", content="hello?")])
+
+
+def test_decisions_actions_availability_previous_tool() -> None:
+    points = decisions(multi_turn(), history_window=4)
+    assert [p.action for p in points] == ["search", "read_file", FINISH, "write_file", FINISH]
+    first_turn = {"search", "read_file", FINISH}
+    assert [p.available for p in points] == [first_turn] * 3 + [first_turn | {"write_file"}] * 2
+    assert all(FINISH in p.available for p in points)
+    assert [p.previous_tool for p in points] == [None, "search", "read_file", "read_file", "write_file"]
+    assert [p.request for p in points] == [TASK] * 3 + [FOLLOW_UP] * 2
+    assert all(p.task == TASK for p in points)
+
+
+def test_decisions_features_count_calls_since_request_and_last_error() -> None:
+    points = decisions(multi_turn(), history_window=4)
+    calls = [p.features[0] for p in points]
+    errors = [p.features[1] for p in points]
+    assert calls == pytest.approx([0.0, 0.1, 0.2, 0.0, 0.1])  # reset by the user turn
+    assert errors == [0.0, 0.0, 1.0, 1.0, 0.0]
+    assert all(len(p.features) == N_STATE_FEATURES for p in points)
+
+
+def test_decisions_history_is_newest_first_and_windowed() -> None:
+    episode = multi_turn()
+    s = [step_text(step) for step in episode.steps]
+    points = decisions(episode, history_window=4)
+    assert points[0].history == []
+    assert points[1].history == [s[0]]
+    assert points[2].history == [s[1], s[0]]
+    assert points[3].history == [s[2], s[1], s[0]]  # user messages are the request, not history
+    assert points[4].history == [s[4], s[2], s[1], s[0]]
+    assert decisions(episode, history_window=2)[4].history == [s[4], s[2]]
+    assert all(p.history == [] for p in decisions(episode, history_window=0))
+
+
+def test_decisions_pair_features_track_calls_per_turn_and_episode() -> None:
+    names = ["search", "read_file", "write_file", FINISH]
+    pairs = [p.pair_features(names) for p in decisions(multi_turn(), history_window=1)]
+    assert pairs[0] == [[0.0, 0.0]] * 4
+    assert pairs[2] == [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    # a new user turn clears "called in this turn" but not "called earlier in the episode"
+    assert pairs[3] == [[0.0, 1.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    assert pairs[4] == [[0.0, 1.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]]
+
+
+def test_decisions_default_availability_is_all_tools() -> None:
+    episode = multi_turn().model_copy(update={"available_at_start": None})
+    assert all(p.available == {"search", "read_file", "write_file", FINISH}
+               for p in decisions(episode, history_window=1))
+    assert decisions(no_decisions(), history_window=4) == []
+
+
+def test_tool_table_finish_first_dedup_and_mask(encoder: StateEncoder) -> None:
+    renamed = ToolSpec(name="search", description="A different description, ignored.")
+    table = ToolTable.from_specs([SEARCH, READ, renamed, WRITE], encoder)
+    assert table.names == [FINISH, "search", "read_file", "write_file"]
+    assert table.specs[1].description == SEARCH.description
+    assert table.index == {FINISH: 0, "search": 1, "read_file": 2, "write_file": 3}
+    np.testing.assert_allclose(table.embeddings[0].numpy(), encoder.embed([finish_spec().text()])[0])
+    np.testing.assert_allclose(table.embeddings[3].numpy(), encoder.embed([WRITE.text()])[0])
+    assert table.mask({"read_file", "unknown_tool", FINISH}).tolist() == [True, False, True, False]
+    assert table.mask(set()).tolist() == [False] * 4
+
+
+Built = tuple[list[Episode], TransitionDataset]
+
+
+@pytest.fixture(scope="module")
+def built(encoder: StateEncoder) -> tuple[list[Episode], TransitionDataset]:
+    episodes = [multi_turn(), no_decisions(), single()]
+    return episodes, build_dataset(episodes, encoder, history_window=3)
+
+
+def test_build_dataset_actions_masks_and_tools(built: Built) -> None:
+    episodes, data = built
+    names = data.tools.names
+    assert names == [FINISH, "search", "read_file", "write_file"]
+    assert len(data) == 7
+    t = data.tensors
+    assert [names[a] for a in t["actions"].tolist()] == [
+        "search", "read_file", FINISH, "write_file", FINISH, "search", FINISH]
+    assert t["episode_ids"].tolist() == [0, 0, 0, 0, 0, 2, 2]
+    masks = t["masks"].tolist()
+    first, second = [True, True, True, False], [True, True, True, True]
+    assert masks[:5] == [first, first, first, second, second]
+    # the single-tool episode only offers its own tool, although the table knows more
+    assert masks[5:] == [[True, True, False, False]] * 2
+
+
+def test_build_dataset_next_state_and_done_wiring(built: Built) -> None:
+    _, data = built
+    t = data.tensors
+    assert t["dones"].tolist() == [0, 0, 0, 0, 1, 0, 1]
+    following = [1, 2, 3, 4, 4, 6, 6]  # terminal transitions point at themselves
+    assert torch.equal(t["next_rows"], t["rows"][following])
+    assert torch.equal(t["next_features"], t["features"][following])
+    assert torch.equal(t["next_masks"], t["masks"][following])
+    # the episode boundary is never crossed
+    ends = t["dones"].bool()
+    ids = t["episode_ids"]
+    assert torch.equal(ids[following], ids)
+    assert not ends[:4].any()
+
+
+def test_build_dataset_pair_features(built: Built) -> None:
+    _, data = built
+    t = data.tensors
+    assert t["pairs"].shape == (7, 4, 2)
+    # table order: FINISH, search, read_file, write_file; transition 4 is the reply after write_file
+    assert t["pairs"][4].tolist() == [[False, False], [False, True], [False, True], [True, True]]
+    assert not t["pairs"][5].any()  # the second episode starts from scratch
+    assert torch.equal(t["next_pairs"], t["pairs"][[1, 2, 3, 4, 4, 6, 6]])
+    batch = data.batch(torch.tensor([4]))
+    assert batch.pairs is not None and batch.pairs.dtype == torch.float32
+    assert batch.pairs[0].tolist() == [[0.0, 0.0], [0.0, 1.0], [0.0, 1.0], [1.0, 1.0]]
+
+
+def test_build_dataset_rewards_aligned(built: Built, encoder: StateEncoder) -> None:
+    episodes, data = built
+    expected = [r for ep in episodes for r in shape_rewards(ep, RewardConfig())]
+    assert data.tensors["rewards"].tolist() == pytest.approx(expected)
+    # the success bonus sits on each episode's terminal transition
+    rewards = data.tensors["rewards"]
+    assert rewards[4] == pytest.approx(10.0)
+    assert rewards[6] == pytest.approx(0.0)
+    custom = build_dataset(episodes[:1], encoder, history_window=3,
+                           reward_config=RewardConfig(success_reward=3.0, step_cost=0.5))
+    assert custom.tensors["rewards"].tolist() == pytest.approx([-0.5, -1.5, 0.0, -0.5, 3.0])
+
+
+def test_gathered_states_hold_the_right_texts(built: Built, encoder: StateEncoder) -> None:
+    _, data = built
+    window = 3
+    dim = 384
+    assert data.state_dim == dim * (len(FIXED_SLOTS) + window) + N_STATE_FEATURES
+    batch = data.batch(torch.arange(len(data)))
+    assert batch.states.shape == (7, data.state_dim)
+    episode = multi_turn()
+    s = [step_text(step) for step in episode.steps]
+
+    def slots(row: int) -> list[torch.Tensor]:
+        return [batch.states[row, k * dim:(k + 1) * dim] for k in range(len(FIXED_SLOTS) + window)]
+
+    def vec(text: str) -> torch.Tensor:
+        return torch.from_numpy(encoder.embed([text])[0])
+
+    zero = torch.zeros(dim)
+    # decision 4 of the first episode: request = follow-up, previous = write_file, history newest first
+    request, previous, task, h0, h1, h2 = slots(4)
+    torch.testing.assert_close(request, vec(FOLLOW_UP))
+    torch.testing.assert_close(previous, vec(WRITE.text()))
+    torch.testing.assert_close(task, vec(TASK))
+    torch.testing.assert_close(h0, vec(s[4]))
+    torch.testing.assert_close(h1, vec(s[2]))
+    torch.testing.assert_close(h2, vec(s[1]))
+    torch.testing.assert_close(batch.states[4, -N_STATE_FEATURES:], torch.tensor([0.1, 0.0]))
+    # decision 0: no previous tool and no history -> zero padding
+    request, previous, task, h0, h1, h2 = slots(0)
+    torch.testing.assert_close(request, vec(TASK))
+    for padding in (previous, h0, h1, h2):
+        assert torch.equal(padding, zero)
+    # the batch's next state is the following decision's state
+    torch.testing.assert_close(batch.next_states[3], batch.states[4])
+    torch.testing.assert_close(batch.next_states[4], batch.states[4])
+    assert torch.equal(batch.next_masks[0], batch.masks[1])
+
+
+def test_sample_is_seeded_and_respects_subset(built: Built) -> None:
+    _, data = built
+    subset = torch.tensor([5, 6])
+    a = data.sample(64, torch.Generator().manual_seed(3), subset)
+    b = data.sample(64, torch.Generator().manual_seed(3), subset)
+    assert torch.equal(a.actions, b.actions) and torch.equal(a.states, b.states)
+    single_ep_actions = {data.tensors["actions"][5].item(), data.tensors["actions"][6].item()}
+    assert set(a.actions.tolist()) <= single_ep_actions
+    assert set(a.rewards.tolist()) <= {data.tensors["rewards"][5].item(), data.tensors["rewards"][6].item()}
+    whole = data.sample(200, torch.Generator().manual_seed(0))
+    assert len(set(whole.actions.tolist())) == 4  # every action of the data set is reachable
+
+
+def test_extra_tools_join_the_table(encoder: StateEncoder) -> None:
+    extra = ToolSpec(name="brand_new", description="Never seen in the logs.")
+    data = build_dataset([single()], encoder, history_window=1, extra_tools=[extra])
+    assert data.tools.names == [FINISH, "search", "brand_new"]
+    assert data.tensors["masks"][:, 2].tolist() == [False, False]
+
+
+def test_empty_logs_give_an_empty_dataset(encoder: StateEncoder) -> None:
+    data = build_dataset([no_decisions()], encoder, history_window=2)
+    assert len(data) == 0
+    assert data.tensors["masks"].shape == (0, 2)

@@ -1,0 +1,283 @@
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from evoharness_agent.encoding.transitions import Batch
+from evoharness_agent.learning.algorithms import ALGORITHMS, BCQ, Dims, ToolInputs, make_algorithm
+from evoharness_agent.learning.algorithms.base import greedy, polyak, td_target
+from evoharness_agent.learning.algorithms.bc import bc_loss
+from evoharness_agent.learning.algorithms.bcq import allowed_actions
+from evoharness_agent.learning.algorithms.cql import cql_penalty
+from evoharness_agent.learning.algorithms.iql import advantage_weights, expectile_loss
+from evoharness_agent.learning.networks import NetworkConfig, ToolScorer, masked_log_softmax, masked_scores
+
+TOOL_DIM = 16
+N_TOOLS = 5
+MASKED = 4  # the tool no state ever offers, in the algorithm tests
+STATE_DIM = TOOL_DIM * 3 + 2
+NET = NetworkConfig(hidden=32, layers=1, dropout=0.0)
+
+
+def unit_rows(n: int, dim: int, seed: int) -> torch.Tensor:
+    rows = torch.randn(n, dim, generator=torch.Generator().manual_seed(seed))
+    return rows / rows.norm(dim=1, keepdim=True)
+
+
+def random_mask(batch: int, n: int, seed: int) -> torch.Tensor:
+    mask = torch.rand(batch, n, generator=torch.Generator().manual_seed(seed)) < 0.5
+    mask[torch.arange(batch), torch.arange(batch) % n] = True  # at least one tool per row
+    return mask
+
+
+# --------------------------------------------------------------------------- scorer
+
+
+def test_scorer_shapes_and_masked_tools_never_win() -> None:
+    torch.manual_seed(0)
+    scorer = ToolScorer(STATE_DIM, TOOL_DIM, N_TOOLS, NET).eval()
+    with torch.no_grad():
+        scorer.bias.weight.copy_(torch.arange(N_TOOLS, dtype=torch.float32)[:, None] * 100.0)
+    states, tools = torch.randn(64, STATE_DIM), unit_rows(N_TOOLS, TOOL_DIM, 1)
+    scores = scorer(states, tools, torch.arange(N_TOOLS))
+    assert scores.shape == (64, N_TOOLS)
+    assert (scores.argmax(1) == N_TOOLS - 1).all()  # the huge bias dominates unmasked
+    mask = random_mask(64, N_TOOLS, 2)
+    best = masked_scores(scores, mask).argmax(1)
+    assert mask[torch.arange(64), best].all()
+    assert torch.equal(greedy(scores, mask), best)
+    probabilities = masked_log_softmax(scores, mask).exp()
+    assert (probabilities[~mask] == 0).all()
+    torch.testing.assert_close(probabilities.sum(1), torch.ones(64))
+
+
+def test_all_masked_rows_stay_finite() -> None:
+    scores = torch.randn(3, N_TOOLS)
+    mask = torch.ones(3, N_TOOLS, dtype=torch.bool)
+    mask[1] = False
+    log_probs = masked_log_softmax(scores, mask)
+    assert torch.isfinite(log_probs).all()
+    torch.testing.assert_close(log_probs[1].exp(), torch.full((N_TOOLS,), 1.0 / N_TOOLS))
+    actions = torch.tensor([0, 2, 1])
+    assert torch.isfinite(bc_loss(scores, actions, mask))
+    assert torch.isfinite(cql_penalty(scores, scores.gather(1, actions[:, None]).squeeze(1), mask))
+    # bf16 too (autocast on GPU): the finite fill keeps it NaN-free
+    assert torch.isfinite(masked_log_softmax(scores.bfloat16(), mask)).all()
+
+
+def test_unseen_tool_scores_without_bias() -> None:
+    torch.manual_seed(0)
+    scorer = ToolScorer(STATE_DIM, TOOL_DIM, 2, NET).eval()
+    with torch.no_grad():
+        scorer.bias.weight.copy_(torch.tensor([[3.0], [-6.0]]))
+    states = torch.randn(4, STATE_DIM)
+    tool = unit_rows(1, TOOL_DIM, 3)
+    same_tool_thrice = tool.expand(3, TOOL_DIM)
+    scores = scorer(states, same_tool_thrice, torch.tensor([0, 1, -1]))
+    assert torch.isfinite(scores).all()
+    # the same text scored as known tool 0, known tool 1 and an unseen tool differs only by
+    # the learned per-tool offsets (whatever their gain): constant over states, in ratio 3 : -6
+    up, down = scores[:, 0] - scores[:, 2], scores[:, 1] - scores[:, 2]
+    assert (up > 0).all() and (down < 0).all()
+    torch.testing.assert_close(up, up[:1].expand(4))
+    torch.testing.assert_close(down, -2 * up)
+    # no ids at all: no bias either
+    torch.testing.assert_close(scorer(states, tool, None)[:, 0], scores[:, 2])
+    no_bias = ToolScorer(STATE_DIM, TOOL_DIM, 2, NetworkConfig(hidden=32, layers=1, dropout=0.0, tool_bias=False))
+    assert no_bias.bias is None
+    assert no_bias(states, same_tool_thrice, torch.tensor([0, 1, -1])).shape == (4, 3)
+
+
+def test_untrained_scorer_ranks_by_request_similarity() -> None:
+    torch.manual_seed(0)
+    scorer = ToolScorer(STATE_DIM, TOOL_DIM, N_TOOLS, NetworkConfig(hidden=32, layers=1, dropout=0.0)).eval()
+    tools = unit_rows(N_TOOLS, TOOL_DIM, 5)
+    states = torch.zeros(N_TOOLS, STATE_DIM)
+    states[:, :TOOL_DIM] = tools  # the request text equals tool k's text
+    with torch.no_grad():
+        assert torch.equal(scorer(states, tools, torch.arange(N_TOOLS)).argmax(1), torch.arange(N_TOOLS))
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def test_bc_loss_is_masked_cross_entropy() -> None:
+    logits = torch.tensor([[1.0, 2.0, 3.0], [0.5, -1.0, 4.0]])
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    actions = torch.tensor([1, 0])
+    row0 = -(2.0 - math.log(math.exp(1.0) + math.exp(2.0)))
+    row1 = -(0.5 - math.log(math.exp(0.5) + math.exp(-1.0) + math.exp(4.0)))
+    assert bc_loss(logits, actions, mask).item() == pytest.approx((row0 + row1) / 2, rel=1e-6)
+    weights = torch.tensor([2.0, 0.5])
+    assert bc_loss(logits, actions, mask, weights).item() == pytest.approx((2 * row0 + 0.5 * row1) / 2, rel=1e-6)
+    # the masked logit (3.0) plays no part: changing it changes nothing
+    changed = logits.clone()
+    changed[0, 2] = 100.0
+    assert bc_loss(changed, actions, mask).item() == pytest.approx(bc_loss(logits, actions, mask).item())
+
+
+def test_cql_penalty_hand_computed_and_ignores_masked_tools() -> None:
+    q = torch.tensor([[1.0, 2.0, 5.0], [0.0, 1.0, -2.0]])
+    mask = torch.tensor([[True, True, False], [False, True, True]])
+    taken = torch.tensor([1.0, -2.0])
+    expected = ((math.log(math.exp(1.0) + math.exp(2.0)) - 1.0)
+                + (math.log(math.exp(1.0) + math.exp(-2.0)) + 2.0)) / 2
+    assert cql_penalty(q, taken, mask).item() == pytest.approx(expected, rel=1e-6)
+    changed = q.clone()
+    changed[0, 2], changed[1, 0] = 1e4, -1e4
+    assert cql_penalty(changed, taken, mask).item() == pytest.approx(expected, rel=1e-6)
+    # no gradient reaches masked Q-values
+    q_grad = q.clone().requires_grad_(True)
+    cql_penalty(q_grad, taken, mask).backward()
+    assert q_grad.grad is not None and (q_grad.grad[~mask] == 0).all() and (q_grad.grad[mask] != 0).all()
+
+
+def test_expectile_loss_hand_computed() -> None:
+    diff = torch.tensor([-2.0, 1.0, 3.0, 0.0])
+    assert expectile_loss(diff, 0.7).item() == pytest.approx((0.3 * 4 + 0.7 * 1 + 0.7 * 9 + 0.0) / 4)
+    assert expectile_loss(diff, 0.5).item() == pytest.approx(0.5 * (4 + 1 + 9) / 4)
+    # above 0.5 under-estimates cost more: V is pushed towards an upper expectile
+    assert expectile_loss(torch.tensor([1.0]), 0.9) > expectile_loss(torch.tensor([-1.0]), 0.9)
+
+
+def test_advantage_weights_hand_computed() -> None:
+    advantage = torch.tensor([-1.0, 0.0, 0.5, 10.0])
+    weights = advantage_weights(advantage, beta=2.0, max_weight=50.0)
+    raw = [math.exp(-2.0), 1.0, math.exp(1.0), 50.0]  # min(exp(beta * A), max_weight) ...
+    expected = [w / (sum(raw) / 4) for w in raw]  # ... scaled to a batch mean of 1
+    assert weights.tolist() == pytest.approx(expected, rel=1e-5)
+    assert weights.mean().item() == pytest.approx(1.0)
+    assert advantage_weights(advantage, beta=0.0, max_weight=50.0).tolist() == [1.0] * 4
+    assert advantage_weights(torch.tensor([-1e4, -1e4]), beta=3.0, max_weight=50.0).isfinite().all()
+
+
+def test_bcq_allowed_actions_threshold() -> None:
+    probabilities = torch.tensor([[0.5, 0.3, 0.12, 0.08, 0.0]])
+    logits = torch.log(probabilities.clamp(min=1e-12))
+    logits[0, 4] = 50.0  # the most likely tool under no mask, but it is unavailable
+    mask = torch.tensor([[True, True, True, True, False]])
+    assert allowed_actions(logits, mask, 0.3).tolist() == [[True, True, False, False, False]]
+    assert allowed_actions(logits, mask, 0.2).tolist() == [[True, True, True, False, False]]
+    assert allowed_actions(logits, mask, 1.0).tolist() == [[True, False, False, False, False]]
+    assert allowed_actions(logits, mask, 0.0).tolist() == mask.tolist()
+
+
+def test_td_target() -> None:
+    rewards = torch.tensor([1.0, -0.1, 10.0])
+    dones = torch.tensor([0.0, 0.0, 1.0])
+    next_values = torch.tensor([2.0, -3.0, 100.0])
+    assert td_target(rewards, dones, next_values, 0.9).tolist() == pytest.approx([2.8, -2.8, 10.0])
+
+
+def test_polyak_moves_target_by_tau() -> None:
+    torch.manual_seed(0)
+    source, target = nn.Linear(3, 2), nn.Linear(3, 2)
+    before = copy.deepcopy(target)
+    polyak(target, source, 0.25)
+    for new, old, src in zip(target.parameters(), before.parameters(), source.parameters(), strict=True):
+        torch.testing.assert_close(new, old + 0.25 * (src - old))
+    polyak(target, source, 1.0)
+    for new, src in zip(target.parameters(), source.parameters(), strict=True):
+        torch.testing.assert_close(new, src)
+
+
+def test_make_algorithm_rejects_unknown_names_and_settings() -> None:
+    dims, tools = Dims(STATE_DIM, TOOL_DIM, N_TOOLS), ToolInputs(unit_rows(N_TOOLS, TOOL_DIM, 0), None)
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        make_algorithm("ppo", {}, dims, NET, tools)
+    with pytest.raises(ValueError, match="expectil"):
+        make_algorithm("iql", {"expectille": 0.9}, dims, NET, tools)
+    assert make_algorithm("iql", {"expectile": 0.9}, dims, NET, tools).config.expectile == 0.9
+
+
+# --------------------------------------------------------------------------- algorithms
+
+
+def fixed_batch(n: int = 32) -> Batch:
+    """A learnable batch: the logged tool is the one whose embedding the request slot holds."""
+    generator = torch.Generator().manual_seed(0)
+    tools = unit_rows(N_TOOLS, TOOL_DIM, 11)
+    actions = torch.arange(n) % (N_TOOLS - 1)  # never the masked tool
+    states = torch.randn(n, STATE_DIM, generator=generator) * 0.1
+    next_states = torch.randn(n, STATE_DIM, generator=generator) * 0.1
+    states[:, TOOL_DIM:2 * TOOL_DIM] = tools[(actions + 1) % (N_TOOLS - 1)]  # a misleading "previous tool"
+    masks = torch.ones(n, N_TOOLS, dtype=torch.bool)
+    masks[:, MASKED] = False
+    fewer = torch.arange(0, n, 3)
+    masks[fewer, (actions[fewer] + 2) % (N_TOOLS - 1)] = False  # some rows offer fewer tools
+    return Batch(states=states, actions=actions, rewards=torch.where(actions == 0, 1.0, -0.1),
+                 next_states=next_states, dones=(torch.arange(n) % 4 == 3).float(), masks=masks,
+                 next_masks=masks.roll(1, 0))
+
+
+PRIMARY_LOSSES = {"bc": ["loss/bc"], "cql": ["loss/td", "loss/cql"], "iql": ["loss/policy", "loss/q"],
+                  "bcq": ["loss/td", "loss/imitation"]}
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_update_reduces_loss_and_never_favours_masked_tools(name: str) -> None:
+    torch.manual_seed(0)
+    tools = ToolInputs(unit_rows(N_TOOLS, TOOL_DIM, 11), torch.arange(N_TOOLS))
+    algorithm = make_algorithm(name, {"lr": 3e-3}, Dims(STATE_DIM, TOOL_DIM, N_TOOLS), NET, tools)
+    batch = fixed_batch()
+    with torch.no_grad():
+        untrained = (greedy(algorithm.scores(batch.states), batch.masks) == batch.actions).float().mean()
+    first = {k: float(v) for k, v in algorithm.update(batch).items()}
+    for _ in range(40):
+        last = {k: float(v) for k, v in algorithm.update(batch).items()}
+    assert set(PRIMARY_LOSSES[name]) <= set(first)
+    for key in PRIMARY_LOSSES[name]:
+        assert math.isfinite(last[key])
+        assert last[key] < first[key], (key, first[key], last[key])
+    # The unavailable tool gets no gradient anywhere: its learned bias stays exactly zero.
+    for module_name, module in algorithm.modules.items():
+        if isinstance(module, ToolScorer):
+            assert module.bias.weight[MASKED].item() == 0.0, module_name
+            assert module.bias.weight[:MASKED].abs().sum() > 0, module_name
+    with torch.no_grad():
+        for module in algorithm.modules.values():
+            module.eval()
+        scores = algorithm.scores(batch.states)
+    assert scores.shape == (32, N_TOOLS) and torch.isfinite(scores).all()
+    best = greedy(scores, batch.masks)
+    assert batch.masks[torch.arange(32), best].all()
+    assert (masked_log_softmax(scores, batch.masks).exp()[:, MASKED] == 0).all()
+    if name in ("bc", "iql"):  # policies learn to imitate the (learnable) logged choice
+        assert untrained < 0.5
+        assert (best == batch.actions).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_algorithm_state_dict_roundtrip(name: str) -> None:
+    torch.manual_seed(0)
+    tools = ToolInputs(unit_rows(N_TOOLS, TOOL_DIM, 11), torch.arange(N_TOOLS))
+    dims = Dims(STATE_DIM, TOOL_DIM, N_TOOLS)
+    trained = make_algorithm(name, {}, dims, NET, tools)
+    for _ in range(3):
+        trained.update(fixed_batch())
+    fresh = make_algorithm(name, {}, dims, NET, tools)
+    fresh.load_state_dict(trained.state_dict())
+    states = fixed_batch().states
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.scores(states), trained.scores(states))
+    assert set(trained.acting_modules()) == set(trained.acting) and trained.acting
+
+
+def test_bcq_scores_act_within_the_imitation_support() -> None:
+    torch.manual_seed(0)
+    tools = ToolInputs(unit_rows(N_TOOLS, TOOL_DIM, 11), torch.arange(N_TOOLS))
+    algorithm = make_algorithm("bcq", {"threshold": 0.3}, Dims(STATE_DIM, TOOL_DIM, N_TOOLS), NET, tools)
+    assert isinstance(algorithm, BCQ)
+    with torch.no_grad():
+        algorithm.modules["imitation"].bias.weight.copy_(torch.tensor([[3.0], [3.0], [-3.0], [-3.0], [-3.0]]))
+        algorithm.modules["q"].bias.weight.copy_(torch.tensor([[0.0], [1.0], [5.0], [0.0], [0.0]]))
+        for module in algorithm.modules.values():
+            module.eval()
+        scores = algorithm.scores(torch.zeros(2, STATE_DIM))
+    # tool 2 has by far the best Q but the imitation model says the logs never use it there
+    assert scores.argmax(1).tolist() == [1, 1]
+    assert (scores[:, 2] < scores[:, 0]).all()

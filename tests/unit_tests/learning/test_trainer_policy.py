@@ -1,0 +1,337 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import evoharness_agent.learning.precision as precision
+import evoharness_agent.learning.trainer as trainer_module
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.encoding.transitions import build_dataset
+from evoharness_agent.learning.config import TrainConfig, load_config
+from evoharness_agent.learning.trainer import train_on_episodes
+from evoharness_agent.policy import PolicySession, ToolPolicy
+from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
+from tests.kit.synthetic_logs import synthetic_episodes
+
+TOOL_NAMES = ["search_web", "read_file", "calculator"]
+
+
+def make_config(steps: int = 30, algorithm: str = "iql", params: dict[str, Any] | None = None,
+                **sections: dict[str, Any]) -> TrainConfig:
+    """A fast CPU config; ``sections`` update the defaults below, section by section."""
+    overrides: dict[str, dict[str, Any]] = {
+        "training": {"steps": steps, "batch_size": 16, "device": "cpu", "threads": 1,
+                     "checkpoint_every": 10, "eval_every": 10, "seed": 7},
+        "logging": {"tensorboard": False, "log_every": 5},
+        "algorithm": {"name": algorithm, "params": params or {}},
+        "model": {"hidden": 16, "history_window": 2},
+        "data": {"val_fraction": 0.2},
+    }
+    for section, values in sections.items():
+        overrides.setdefault(section, {}).update(values)
+    return load_config(None, overrides)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("trainer-cache")
+
+
+@pytest.fixture(scope="module")
+def encoder(cache: Path) -> StateEncoder:  # a fresh cache: the first training must encode
+    return StateEncoder(cache_dir=cache, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, encoder: StateEncoder) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("policy")
+    result = train_on_episodes(synthetic_episodes(), make_config(), out, encoder=encoder, show_progress=False)
+    return out, result
+
+
+@pytest.fixture(scope="module")
+def policy(trained: tuple[Path, dict], encoder: StateEncoder) -> ToolPolicy:
+    return ToolPolicy.load(trained[0], encoder=encoder, device="cpu")
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "policy.safetensors"))
+
+
+# --------------------------------------------------------------------------- training outputs
+
+
+def test_training_writes_policy_checkpoint_and_log(trained: tuple[Path, dict]) -> None:
+    out, result = trained
+    for name in ("policy.safetensors", "policy.json", "train_log.json", "checkpoint/model.safetensors",
+                 "checkpoint/optimizer.pt", "checkpoint/state.json"):
+        assert (out / name).is_file(), name
+    assert not (out / "tensorboard").exists()
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 30
+    meta = json.loads((out / "policy.json").read_text())
+    assert meta["algorithm"] == "iql" and meta["acting"] == ["policy"]
+    assert meta["known_tools"] == [FINISH, *TOOL_NAMES]
+    assert meta["history_window"] == 2 and meta["network"]["hidden"] == 16
+    assert meta["state_dim"] == 384 * (3 + 2) + 2
+    assert all(key.startswith("policy.") for key in weights(out))
+    assert result["n_episodes"] == 6 and result["n_transitions"] == 15
+    assert result["n_encoded"] > 0
+    assert 0.0 <= result["val/top1"] <= 1.0 and 0.0 <= result["val/finish_acc"] <= 1.0
+    log = json.loads((out / "train_log.json").read_text())
+    assert [entry["step"] for entry in log] == [5, 10, 15, 20, 25, 30]
+    assert all(np.isfinite(entry["loss/policy"]) for entry in log)
+
+
+def test_second_training_encodes_nothing(tmp_path: Path, trained: tuple[Path, dict], encoder: StateEncoder,
+                                         cache: Path) -> None:
+    again = train_on_episodes(synthetic_episodes(), make_config(steps=2), tmp_path / "same-encoder",
+                              encoder=encoder, show_progress=False)
+    assert again["n_encoded"] == 0, "n_encoded must count this run's encodings only"
+    fresh = StateEncoder(cache_dir=cache, device="cpu")
+    result = train_on_episodes(synthetic_episodes(), make_config(steps=2), tmp_path / "fresh-encoder",
+                               encoder=fresh, show_progress=False)
+    assert result["n_encoded"] == 0
+    assert fresh._model is None  # everything came from the disk cache
+
+
+def test_tensorboard_event_files(tmp_path: Path, encoder: StateEncoder) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = make_config(steps=10, algorithm="bc", logging={"tensorboard": True, "log_every": 5})
+    train_on_episodes(synthetic_episodes(), config, tmp_path, encoder=encoder, show_progress=False)
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents*"))
+    assert events and events[0].stat().st_size > 0
+    accumulator = EventAccumulator(str(tmp_path / "tensorboard"))
+    accumulator.Reload()
+    tags = accumulator.Tags()["scalars"]
+    assert "loss/bc" in tags and "val/top1" in tags
+    assert [event.step for event in accumulator.Scalars("loss/bc")] == [5, 10]
+
+
+def test_empty_logs_are_rejected(tmp_path: Path, encoder: StateEncoder) -> None:
+    only_user = Episode(task="t", steps=[Step(kind="user", content="hi")])
+    with pytest.raises(ValueError, match="no decisions"):
+        train_on_episodes([only_user], make_config(steps=1), tmp_path, encoder=encoder, show_progress=False)
+
+
+# --------------------------------------------------------------------------- ToolPolicy
+
+
+def test_rank_returns_every_tool_and_finish_sorted(policy: ToolPolicy) -> None:
+    history = [Step(tool="search_web", arguments={"query": "population of city 2"}, observation="2000")]
+    ranked = policy.rank("How many people live in city 2, doubled?", history, synthetic_episodes()[0].tools)
+    assert sorted(r.tool for r in ranked) == sorted([*TOOL_NAMES, FINISH])
+    scores = [r.score for r in ranked]
+    assert scores == sorted(scores, reverse=True)
+    probabilities = [r.probability for r in ranked]
+    assert sum(probabilities) == pytest.approx(1.0, abs=1e-6)
+    assert probabilities == sorted(probabilities, reverse=True)
+    # probabilities are the softmax of the scores
+    expected = np.exp(np.array(scores) - max(scores))
+    np.testing.assert_allclose(probabilities, expected / expected.sum(), rtol=1e-5)
+    without_finish = policy.rank("How many people live in city 2, doubled?", history, synthetic_episodes()[0].tools,
+                                 include_finish=False)
+    assert FINISH not in {r.tool for r in without_finish} and len(without_finish) == 3
+
+
+def test_rank_masks_unavailable_tools(policy: ToolPolicy) -> None:
+    tools = synthetic_episodes()[0].tools
+    full = {r.tool: r for r in policy.rank("What is written in notes1.txt?", (), tools)}
+    masked = policy.rank("What is written in notes1.txt?", (), tools, available={"calculator"})
+    assert {r.tool for r in masked} == {"calculator", FINISH}
+    assert sum(r.probability for r in masked) == pytest.approx(1.0, abs=1e-6)
+    for r in masked:  # same scores, renormalised probabilities
+        assert r.score == pytest.approx(full[r.tool].score, abs=1e-5)
+        assert r.probability >= full[r.tool].probability
+
+
+def test_rank_scores_an_unseen_tool(policy: ToolPolicy) -> None:
+    tools = [*synthetic_episodes()[0].tools,
+             ToolSpec(name="translate_text", description="Translate text into another language."),
+             {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    ranked = policy.rank("Translate 'hello' into French", (), tools)
+    names = [r.tool for r in ranked]
+    assert sorted(names) == sorted([*TOOL_NAMES, "translate_text", "get_weather", FINISH])
+    assert all(np.isfinite(r.score) for r in ranked)
+    assert sum(r.probability for r in ranked) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_rank_batch_equals_per_state_rank(policy: ToolPolicy) -> None:
+    episode = synthetic_episodes()[0]
+    states = [(episode.task, episode.steps[:i]) for i in range(len(episode.steps))]
+    states.append(("What is written in notes5.txt?", []))
+    available = [None, {"calculator"}, None, {"read_file", "search_web"}]
+    batched = policy.rank_batch(states, episode.tools, available=available)
+    assert len(batched) == 4
+    for (task, history), allowed, together in zip(states, available, batched, strict=True):
+        alone = policy.rank(task, history, episode.tools, available=allowed)
+        assert [r.tool for r in alone] == [r.tool for r in together]
+        np.testing.assert_allclose([r.score for r in alone], [r.score for r in together], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose([r.probability for r in alone], [r.probability for r in together],
+                                   rtol=1e-4, atol=1e-6)
+
+
+def test_session_matches_full_rank_and_embeds_each_step_once(policy: ToolPolicy) -> None:
+    episode = synthetic_episodes(4)[2]
+    steps = [*episode.steps[:2], Step(kind="user", content="Now halve it instead."),
+             Step(tool="calculator", arguments={"expression": "4 / 2"}, observation="2")]
+    session = policy.session(episode.task, episode.tools)
+    assert isinstance(session, PolicySession)
+    session.rank()  # tools and the task are embedded now
+    for index, step in enumerate(steps):
+        before = policy.encoder.n_encoded
+        session.observe(step)
+        assert policy.encoder.n_encoded - before <= 1
+        before = policy.encoder.n_encoded
+        incremental = session.rank()
+        assert policy.encoder.n_encoded == before, "ranking after observe() must not embed anything new"
+        full = policy.rank(episode.task, steps[: index + 1], episode.tools)
+        assert [r.tool for r in incremental] == [r.tool for r in full]
+        np.testing.assert_allclose([r.score for r in incremental], [r.score for r in full], rtol=1e-5)
+    assert session.rank(available={"read_file"})[0].tool in {"read_file", FINISH}
+
+
+def test_policy_scores_match_training_states(policy: ToolPolicy, encoder: StateEncoder) -> None:
+    """What the policy builds from (task, history) at inference equals what it trained on."""
+    episodes = synthetic_episodes()
+    data = build_dataset(episodes, encoder, history_window=2)
+    episode = episodes[0]
+    prefixes = [i for i, step in enumerate(episode.steps) if step.is_decision]
+    names, matrix = policy.score_matrix([(episode.task, episode.steps[:i]) for i in prefixes], episode.tools)
+    assert names == [*TOOL_NAMES, FINISH]
+    batch = data.batch(torch.arange(len(prefixes)))  # episode 0's transitions come first
+    columns = [data.tools.index[name] for name in names]
+    pairs = None if batch.pairs is None else batch.pairs[:, columns]
+    with torch.no_grad():
+        expected = policy.algorithm.scores(batch.states, pairs).numpy()
+    np.testing.assert_allclose(matrix, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_save_load_roundtrip_and_bad_directory(policy: ToolPolicy, encoder: StateEncoder, tmp_path: Path) -> None:
+    policy.save(tmp_path / "copy")
+    copy = ToolPolicy.load(tmp_path / "copy", encoder=encoder, device="cpu")
+    tools = synthetic_episodes()[0].tools
+    a, b = policy.rank("Read notes3.txt", (), tools), copy.rank("Read notes3.txt", (), tools)
+    assert [(r.tool, round(r.score, 5)) for r in a] == [(r.tool, round(r.score, 5)) for r in b]
+    with pytest.raises(FileNotFoundError, match="not a policy directory"):
+        ToolPolicy.load(tmp_path, encoder=encoder)
+
+
+# --------------------------------------------------------------------------- resume and --init
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+def _counting_make_algorithm(monkeypatch: pytest.MonkeyPatch, calls: list[int], crash_at: int | None = None) -> None:
+    real = trainer_module.make_algorithm
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        algorithm = real(*args, **kwargs)
+        update = algorithm.update
+
+        def counted(batch: Any) -> Any:
+            calls.append(1)
+            if crash_at is not None and len(calls) == crash_at:
+                raise _Crash("simulated crash")
+            return update(batch)
+
+        algorithm.update = counted
+        return algorithm
+
+    monkeypatch.setattr(trainer_module, "make_algorithm", make)
+
+
+def test_resume_after_crash_continues_and_matches_uninterrupted_run(
+        tmp_path: Path, encoder: StateEncoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    episodes = synthetic_episodes()
+    config = make_config(steps=40, algorithm="iql")  # dropout on: the global RNG must be restored too
+    assert config.model.dropout > 0
+    train_on_episodes(episodes, config, tmp_path / "straight", encoder=encoder, show_progress=False)
+
+    crashed: list[int] = []
+    _counting_make_algorithm(monkeypatch, crashed, crash_at=25)
+    with pytest.raises(_Crash):
+        train_on_episodes(episodes, config, tmp_path / "resumed", encoder=encoder, show_progress=False)
+    assert json.loads((tmp_path / "resumed" / "checkpoint" / "state.json").read_text())["step"] == 20
+    assert not (tmp_path / "resumed" / "policy.safetensors").exists()
+
+    resumed: list[int] = []
+    _counting_make_algorithm(monkeypatch, resumed)
+    torch.manual_seed(12345)  # whatever the global RNG holds now must not matter
+    train_on_episodes(episodes, config, tmp_path / "resumed", encoder=encoder, show_progress=False, resume=True)
+    assert len(resumed) == 20, "resume must continue from step 20, not restart"
+    assert json.loads((tmp_path / "resumed" / "checkpoint" / "state.json").read_text())["step"] == 40
+
+    straight, again = weights(tmp_path / "straight"), weights(tmp_path / "resumed")
+    assert straight.keys() == again.keys()
+    for key in straight:
+        assert torch.equal(straight[key], again[key]), f"{key} differs after resume"
+
+
+def test_resume_from_shorter_run_and_without_checkpoint(tmp_path: Path, encoder: StateEncoder,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    episodes = synthetic_episodes()
+    train_on_episodes(episodes, make_config(steps=10, algorithm="bc"), tmp_path / "a", encoder=encoder,
+                      show_progress=False)
+    calls: list[int] = []
+    _counting_make_algorithm(monkeypatch, calls)
+    train_on_episodes(episodes, make_config(steps=15, algorithm="bc"), tmp_path / "a", encoder=encoder,
+                      show_progress=False, resume=True)
+    assert len(calls) == 5
+    calls.clear()
+    train_on_episodes(episodes, make_config(steps=5, algorithm="bc"), tmp_path / "b", encoder=encoder,
+                      show_progress=False, resume=True)  # nothing to resume from: start at 0
+    assert len(calls) == 5
+
+
+def test_init_fine_tunes_from_policy_matching_bias_rows_by_name(
+        trained: tuple[Path, dict], tmp_path: Path, encoder: StateEncoder) -> None:
+    base_dir, _ = trained
+    base = weights(base_dir)
+    base_meta = json.loads((base_dir / "policy.json").read_text())
+    old_bias = {name: base["policy.bias.weight"][i, 0].item() for i, name in enumerate(base_meta["known_tools"])}
+    assert len({round(v, 6) for v in old_bias.values()}) == len(old_bias), "precondition: distinct biases"
+
+    new_tool = ToolSpec(name="send_email", description="Send an email to someone.")
+    tools = [new_tool, synthetic_episodes()[0].tools[2], synthetic_episodes()[0].tools[0]]  # calculator, search
+    episodes = [Episode(id=f"n{i}", task=f"Email the result of {i} + {i}", tools=tools,
+                        steps=[Step(tool="calculator", arguments={"expression": f"{i}+{i}"}, observation=str(2 * i)),
+                               Step(tool="send_email", arguments={"body": str(2 * i)}, observation="sent"),
+                               Step(kind="assistant", content="Sent.")]) for i in range(3)]
+    # a different width and window in the config: --init must take the base policy's
+    config = make_config(steps=1, params={"lr": 1e-12}, model={"hidden": 64, "history_window": 4})
+    out = tmp_path / "tuned"
+    train_on_episodes(episodes, config, out, encoder=encoder, init=base_dir, show_progress=False)
+    meta = json.loads((out / "policy.json").read_text())
+    assert meta["network"]["hidden"] == 16 and meta["history_window"] == 2
+    assert meta["known_tools"] == [FINISH, "send_email", "calculator", "search_web"]
+    tuned = weights(out)
+    new_bias = tuned["policy.bias.weight"][:, 0].tolist()
+    assert new_bias[0] == pytest.approx(old_bias[FINISH], abs=1e-6)
+    assert new_bias[2] == pytest.approx(old_bias["calculator"], abs=1e-6)
+    assert new_bias[3] == pytest.approx(old_bias["search_web"], abs=1e-6)
+    assert new_bias[1] == pytest.approx(0.0, abs=1e-6)  # unseen before: fresh
+    for key, value in base.items():
+        if key != "policy.bias.weight":
+            torch.testing.assert_close(tuned[key], value, atol=1e-6, rtol=0)
+
+
+def test_bf16_autocast_only_where_native(monkeypatch: pytest.MonkeyPatch) -> None:
+    weights = torch.randn(4, 4)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    with precision.training_autocast("cpu"):
+        assert (weights @ weights).dtype == torch.bfloat16
+    with precision.training_autocast("cpu", enabled=False):
+        assert (weights @ weights).dtype == torch.float32
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    with precision.training_autocast("cpu"):  # emulated bf16 would be slower than fp32
+        assert (weights @ weights).dtype == torch.float32
