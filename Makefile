@@ -28,6 +28,8 @@ demo: venv
 
 test: venv
 	$(VENV)/bin/ruff check evoharness_agent tests benchmarks scripts examples
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q tests -p no:cacheprovider
 
 test-slow: venv

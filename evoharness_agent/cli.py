@@ -6,9 +6,9 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from enum import Enum
+from enum import Enum, EnumMeta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 import typer
 from rich.console import Console
@@ -25,21 +25,37 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 
 
-def _choices(name: str, values: Sequence[str], doc: str) -> Any:
+def _choices(name: str, values: Sequence[str], doc: str) -> type[Enum]:
     """Return a str Enum of ``values`` (members named with ``_`` for ``-``): typer offers them as choices."""
-    choices = Enum(name, {value.replace("-", "_"): value for value in values}, type=str)
+    # The functional API with a runtime name is intended: the members come from the registries.
+    choices = Enum(name, {value.replace("-", "_"): value for value in values}, type=str)  # type: ignore[misc]
     choices.__doc__ = doc
     return choices
 
 
-# The algorithm registry (learning.algorithms.ALGORITHMS) imports torch, so its names are
-# repeated here; tests/unit_tests/test_cli.py checks that they match.
-Algo = _choices("Algo", ("bc", "cql", "iql", "bcq"), "Offline RL algorithms.")
-Format = _choices("Format", ("auto", *FORMATS), "Log formats.")
-EnvName = _choices("EnvName", ENVIRONMENTS, "Executable environments.")
-Split = _choices("Split", SPLITS, "Which tasks of an environment to run (BFCL: test = scenario % 5 == 0; "
-                                  "tau-airline: tasks 40-49).")
-Behaviour = _choices("Behaviour", BEHAVIOURS, "Behaviour policies for data collection.")
+if TYPE_CHECKING:
+    # What mypy sees of the Enums built below at runtime: str-valued Enums whose members
+    # (``Format.auto``, ``Split.test``, ...) are known only once the registries are read.
+    class _ChoiceMeta(EnumMeta):
+        def __getattr__(cls, name: str) -> _Choice: ...
+
+    class _Choice(str, Enum, metaclass=_ChoiceMeta):
+        _value_: str
+
+    Algo: TypeAlias = _Choice
+    Format: TypeAlias = _Choice
+    EnvName: TypeAlias = _Choice
+    Split: TypeAlias = _Choice
+    Behaviour: TypeAlias = _Choice
+else:
+    # The algorithm registry (learning.algorithms.ALGORITHMS) imports torch, so its names are
+    # repeated here; tests/unit_tests/test_cli.py checks that they match.
+    Algo = _choices("Algo", ("bc", "cql", "iql", "bcq"), "Offline RL algorithms.")
+    Format = _choices("Format", ("auto", *FORMATS), "Log formats.")
+    EnvName = _choices("EnvName", ENVIRONMENTS, "Executable environments.")
+    Split = _choices("Split", SPLITS, "Which tasks of an environment to run (BFCL: test = scenario % 5 == 0; "
+                                      "tau-airline: tasks 40-49).")
+    Behaviour = _choices("Behaviour", BEHAVIOURS, "Behaviour policies for data collection.")
 
 
 class Arguments(str, Enum):
@@ -77,7 +93,7 @@ def train(
     from evoharness_agent.learning.config import load_config
     from evoharness_agent.learning.trainer import train as run_training
 
-    overrides = {
+    overrides: dict[str, dict[str, Any]] = {
         "data": {"paths": [str(p) for p in data], "format": log_format.value,
                  "skip_invalid": skip_invalid or None, "default_reward": default_reward},
         "algorithm": {"name": algo.value if algo else None},

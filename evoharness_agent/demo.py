@@ -138,6 +138,7 @@ def _logged_tools(env: BFCLEnvironment) -> list[BaseTool]:
                 raise ToolException(step.observation)
             return step.observation
 
+        assert tool.args_schema is not None  # the env's tools are StructuredTools built from a JSON schema
         return StructuredTool(name=name, description=tool.description, args_schema=tool.args_schema, func=call,
                               handle_tool_error=True)
 

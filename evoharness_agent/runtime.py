@@ -56,24 +56,31 @@ def cache_dir() -> Path:
 
 
 @contextmanager
+def _replacing(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; when the block succeeds, fsync it and rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
 def atomic_writer(path: str | Path) -> Iterator[IO[bytes]]:
     """Yield a binary stream whose content replaces ``path`` whole when the block ends without error.
 
     The data goes to a temporary file in the same folder, is fsynced, then renamed over
     ``path``; on an error the temporary file is removed and ``path`` is left as it was.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with _replacing(path) as tmp, open(tmp, "wb") as handle:
+        yield handle
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -84,18 +91,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_with(path: str | Path, write: Callable[[str], None]) -> None:
     """Replace ``path`` atomically with what ``write(tmp_path)`` writes (for writers that want a path)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with _replacing(path) as tmp:
+        write(str(tmp))
 
 
 def append_line(path: str | Path, line: str) -> None:

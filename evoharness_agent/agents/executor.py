@@ -118,7 +118,7 @@ class _Finish:
 class _Act:
     """The decision to act, and the observation already known when the tool cannot run."""
 
-    action: AgentAction
+    action: PolicyAgentAction
     problem: str | None = None
 
 
@@ -145,9 +145,9 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
     """The trained policy (or a path to its directory); optional only in ``llm`` mode."""
     mode: Literal["policy", "hybrid", "llm"] = "policy"
     """Who chooses the tool: the policy, the LLM when the policy is unsure, or always the LLM."""
-    confidence_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    confidence_threshold: float = Field(default=0.5, ge=0.0, le=1.0)
     """In hybrid mode, the LLM decides when the policy's top probability is below this."""
-    top_k: int = Field(3, ge=1)
+    top_k: int = Field(default=3, ge=1)
     """In hybrid mode, how many of the policy's best tools the LLM chooses among."""
     guardrails: Guardrails | None = None
     """Allow-list, call budgets, confirmation of high-risk tools and the audit log."""
@@ -203,7 +203,8 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         model = llm or _find_chat_model(agent)
         if model is None:
             raise ValueError("no chat model found inside the agent; pass llm=")
-        return cls(llm=model, tools=tools, policy=policy, callbacks=callbacks, **kwargs)
+        # A policy directory is accepted: the "before" validator _load_policy loads it.
+        return cls(llm=model, tools=tools, policy=policy, callbacks=callbacks, **kwargs)  # type: ignore[arg-type]
 
     @property
     def input_keys(self) -> list[str]:
@@ -230,6 +231,7 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
             run = self._new_run(inputs, run_manager)
             for event in self._iterate(run, run_manager):
                 finish = event
+            assert isinstance(finish, AgentFinish)  # _iterate always ends with the finish
             outputs = self._return(run, finish, run_manager)
         except BaseException as error:
             run_manager.on_chain_error(error)
@@ -246,6 +248,7 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
             run = await self._anew_run(inputs, run_manager)
             async for event in self._aiterate(run, run_manager):
                 finish = event
+            assert isinstance(finish, AgentFinish)  # _aiterate always ends with the finish
             outputs = await self._areturn(run, finish, run_manager)
         except BaseException as error:
             await run_manager.on_chain_error(error)
@@ -303,6 +306,7 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         """Start the policy session and the guard of a run, and announce its tools."""
         session = None
         if self.mode != "llm":
+            assert self.policy is not None  # _check: the policy modes have a policy
             session = self.policy.session(str(inputs["input"]), self.tools)
         run_manager.get_child().on_custom_event(RUN_EVENT, self._run_event(), run_id=run_manager.run_id)
         return _Run(inputs, (self.guardrails or _NO_GUARDRAILS).start_run(str(run_manager.run_id)), session)
@@ -328,11 +332,12 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
 
     def _decide(self, run: _Run, run_manager: CallbackManagerForChainRun) -> _Finish | _Act:
         """Choose the next action: rank with the policy, or let the LLM choose when it should."""
-        config = {"callbacks": run_manager.get_child()}
+        callbacks = run_manager.get_child()
+        config: RunnableConfig = {"callbacks": callbacks}
         available = run.guard.available(tool.name for tool in self.tools)
         candidates = self._llm_candidates(run, available)
         if run.ranking:
-            config["callbacks"].on_custom_event(RANK_EVENT, self._rank_event(run), run_id=run_manager.run_id)
+            callbacks.on_custom_event(RANK_EVENT, self._rank_event(run), run_id=run_manager.run_id)
         if candidates is not None:
             try:
                 return self._from_choice(run, choose_tool(self.llm, candidates, self._messages(run), config),
@@ -393,6 +398,7 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         """
         session = None
         if self.mode != "llm":
+            assert self.policy is not None  # _check: the policy modes have a policy
             session = self.policy.session(str(inputs["input"]), self.tools)
         await run_manager.get_child().on_custom_event(RUN_EVENT, self._run_event(), run_id=run_manager.run_id)
         return _Run(inputs, (self.guardrails or _NO_GUARDRAILS).start_run(str(run_manager.run_id)), session)
@@ -404,7 +410,10 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
             while self._should_continue(run):
                 decision = await self._bounded(run, self._adecide(run, run_manager))
                 if isinstance(decision, _Finish):
-                    yield _answered(decision.answer or await self._bounded(run, self._aanswer(run, run_manager)))
+                    answer = decision.answer
+                    if not answer:  # spelled out: in ``answer or await ...`` mypy infers the await as ``str | None``
+                        answer = await self._bounded(run, self._aanswer(run, run_manager))
+                    yield _answered(answer)
                     return
                 yield decision.action
                 await run_manager.on_agent_action(decision.action, color="green")
@@ -432,11 +441,12 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
 
     async def _adecide(self, run: _Run, run_manager: AsyncCallbackManagerForChainRun) -> _Finish | _Act:
         """Async :meth:`_decide`."""
-        config = {"callbacks": run_manager.get_child()}
+        callbacks = run_manager.get_child()
+        config: RunnableConfig = {"callbacks": callbacks}
         available = run.guard.available(tool.name for tool in self.tools)
         candidates = self._llm_candidates(run, available)
         if run.ranking:
-            await config["callbacks"].on_custom_event(RANK_EVENT, self._rank_event(run), run_id=run_manager.run_id)
+            await callbacks.on_custom_event(RANK_EVENT, self._rank_event(run), run_id=run_manager.run_id)
         if candidates is not None:
             try:
                 choice = await achoose_tool(self.llm, candidates, self._messages(run), config)
@@ -495,6 +505,7 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         """
         if self.mode == "llm":
             return [tool for tool in self.tools if tool.name in available]
+        assert run.session is not None  # _new_run opens one outside llm mode
         run.ranking = run.session.rank(available)
         if self.mode == "hybrid" and run.ranking[0].probability < self.confidence_threshold:
             return [self.lookup_tool(s.tool) for s in run.ranking[: self.top_k] if s.tool != FINISH]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.exceptions import OutputParserException
-from langchain_core.language_models import BaseChatModel
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
@@ -151,7 +151,11 @@ def _schema_json(tool: BaseTool) -> str:
     return json.dumps(convert_to_openai_tool(tool)["function"].get("parameters", {}), ensure_ascii=False)
 
 
-def _bind(llm: BaseChatModel, tools: Sequence[BaseTool], **kwargs: Any) -> Runnable | None:
+_ChatRunnable = Runnable[LanguageModelInput, AIMessage]
+"""A chat model, or one with tools bound: messages in, an AIMessage out."""
+
+
+def _bind(llm: BaseChatModel, tools: Sequence[BaseTool], **kwargs: Any) -> _ChatRunnable | None:
     """Bind tools when the model supports tool calling; ``None`` selects the JSON prompt."""
     try:
         return llm.bind_tools(list(tools), **kwargs)
@@ -164,10 +168,10 @@ class _Fill:
 
     def __init__(self, llm: BaseChatModel, tool: BaseTool, messages: Sequence[BaseMessage]) -> None:
         self.tool = tool
-        self.runnable = _bind(llm, [tool], tool_choice=tool.name)
-        self.json_mode = self.runnable is None
+        bound = _bind(llm, [tool], tool_choice=tool.name)
+        self.json_mode = bound is None
+        self.runnable: _ChatRunnable = llm if bound is None else bound
         if self.json_mode:
-            self.runnable = llm
             system = FILL_JSON_PROMPT.format(name=tool.name, description=tool.description,
                                              schema=_schema_json(tool))
         else:
@@ -252,17 +256,17 @@ class _Choose:
 
     def __init__(self, llm: BaseChatModel, tools: Sequence[BaseTool], messages: Sequence[BaseMessage]) -> None:
         self.tools = {tool.name: tool for tool in tools}
-        self.runnable = _bind(llm, tools) if tools else llm
-        self.json_mode = self.runnable is None
+        bound = _bind(llm, tools) if tools else llm
+        self.json_mode = bound is None
+        self.runnable: _ChatRunnable = llm if bound is None else bound
         if self.json_mode:
-            self.runnable = llm
             listing = "\n".join(f"- {t.name}: {t.description} Arguments schema: {_schema_json(t)}" for t in tools)
             system = CHOOSE_JSON_PROMPT.format(tools=listing)
         else:
             system = CHOOSE_PROMPT
         self.messages = _with_system(system, messages)
 
-    def read(self, reply: BaseMessage) -> LLMChoice | str:
+    def read(self, reply: AIMessage) -> LLMChoice | str:
         """Return the choice, or why the reply is unusable."""
         if not self.json_mode:
             calls = getattr(reply, "tool_calls", [])
@@ -285,9 +289,9 @@ class _Choose:
             return LLMChoice(None, str(picked.get("answer") or ""))
         arguments = picked.get("arguments") or {}
         tool = self.tools.get(picked["tool"])
-        error = validation_error(tool, arguments) if tool is not None else None
+        invalid = validation_error(tool, arguments) if tool is not None else None
         return LLMChoice(ToolArguments(picked["tool"], arguments if isinstance(arguments, dict) else {},
-                                       _call_id(), error))
+                                       _call_id(), invalid))
 
     def repair(self, reply: BaseMessage, error: str) -> list[BaseMessage]:
         """Return the retry prompt after an unusable reply."""

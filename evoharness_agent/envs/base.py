@@ -236,9 +236,10 @@ class ToolUseEnv:
 
     def reset(self, task: Task | Episode | str | None = None) -> tuple[Observation, dict[str, Any]]:
         """Start ``task`` (default: the one given at construction); return (obs, info)."""
-        if task is None and self.default_task is None:
+        current = self.default_task if task is None else Task.coerce(task)
+        if current is None:
             raise ValueError("no task: pass one to reset() or to the constructor")
-        self.task = self.default_task if task is None else Task.coerce(task)
+        self.task = current
         self.steps = []
         self.rewards = []
         self.turn_results = []

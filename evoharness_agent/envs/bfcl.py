@@ -92,7 +92,7 @@ def load_bfcl_instances(
 
 def _methods(instances: dict[str, Any]) -> dict[str, Callable[..., Any]]:
     """Map each public method name to its bound method (later classes win, as in BFCL)."""
-    methods = {}
+    methods: dict[str, Callable[..., Any]] = {}
     for instance in instances.values():
         for name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
             if not name.startswith("_"):

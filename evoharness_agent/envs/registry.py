@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from evoharness_agent.schema import Episode
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     # Annotations only (the environments themselves are imported on use): the CLI reads
     # ENVIRONMENTS and SPLITS at start, and the env base loads LangChain's tools.
     from evoharness_agent.envs.base import ToolUseEnv
@@ -50,6 +52,7 @@ def load_environment(name: str, *, variant: str = "base", split: str = "test",
         raise ValueError(f"unknown environment {name!r}; expected one of {ENVIRONMENTS}")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    make: Callable[[Episode], ToolUseEnv]  # builds the environment from its first task
     if name == "bfcl":
         if variant not in BFCL_VARIANTS:
             raise ValueError(f"unknown BFCL variant {variant!r}; expected one of {BFCL_VARIANTS}")

@@ -162,7 +162,7 @@ def airline_functions(data: dict[str, Any]) -> dict[str, Callable[..., str]]:
         user = users[user_id]
         # As tau-bench: a task books at most three reservations, with these ids.
         reservation_id = next((rid for rid in ("HATHAT", "HATHAU") if rid not in reservations), "HATHAV")
-        reservation = {
+        reservation: dict[str, Any] = {
             "reservation_id": reservation_id, "user_id": user_id, "origin": origin, "destination": destination,
             "flight_type": flight_type, "cabin": cabin, "flights": copy.deepcopy(flights),
             "passengers": passengers, "payment_history": payment_methods, "created_at": "2024-05-15T15:00:00",
@@ -323,10 +323,11 @@ def airline_functions(data: dict[str, Any]) -> dict[str, Callable[..., str]]:
         reservation["passengers"] = passengers
         return json.dumps(reservation)
 
-    functions = [book_reservation, calculate, cancel_reservation, get_reservation_details, get_user_details,
-                 list_all_airports, search_direct_flight, search_onestop_flight, send_certificate, think,
-                 transfer_to_human_agents, update_reservation_baggages, update_reservation_flights,
-                 update_reservation_passengers]
+    functions: list[Callable[..., str]] = [
+        book_reservation, calculate, cancel_reservation, get_reservation_details, get_user_details,
+        list_all_airports, search_direct_flight, search_onestop_flight, send_certificate, think,
+        transfer_to_human_agents, update_reservation_baggages, update_reservation_flights,
+        update_reservation_passengers]
     return {function.__name__: function for function in functions}
 
 

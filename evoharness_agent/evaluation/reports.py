@@ -97,8 +97,8 @@ def online_markdown(report: OnlineReport) -> str:
         for run in runs:
             by_task.setdefault(run.task_id, {})[name] = run
     marks = {True: "✓", False: "✗", None: "?"}
-    for task_id, runs in by_task.items():
-        cells = [f"{marks[runs[n].success]} {runs[n].steps}" if n in runs else "" for n in names]
+    for task_id, by_chooser in by_task.items():
+        cells = [f"{marks[by_chooser[n].success]} {by_chooser[n].steps}" if n in by_chooser else "" for n in names]
         lines.append(f"| {task_id} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -46,7 +46,7 @@ class DataSection(_Section):
     format: str = "auto"
     skip_invalid: bool = False
     default_reward: float | None = None
-    val_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    val_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
 
 
 class AlgorithmSection(_Section):
@@ -61,11 +61,11 @@ class ModelSection(_Section):
 
     encoder: str = DEFAULT_MODEL
     max_seq_length: int = 128
-    history_window: int = Field(4, ge=0)
+    history_window: int = Field(default=4, ge=0)
     hidden: int = NetworkConfig.hidden
     layers: int = NetworkConfig.layers
     tool_bias: bool = NetworkConfig.tool_bias
-    dropout: float = Field(NetworkConfig.dropout, ge=0.0, lt=1.0)
+    dropout: float = Field(default=NetworkConfig.dropout, ge=0.0, lt=1.0)
     similarity_scale: float = NetworkConfig.similarity_scale
 
     def network(self) -> NetworkConfig:
@@ -93,13 +93,13 @@ class TrainingSection(_Section):
     """The optimisation loop."""
 
     # CQL keeps improving to ~1500 steps on BFCL; BC and IQL memorise small logs past ~500.
-    steps: int = Field(1500, ge=1)
-    batch_size: int = Field(256, ge=1)
+    steps: int = Field(default=1500, ge=1)
+    batch_size: int = Field(default=256, ge=1)
     seed: int = 0
     device: str = "auto"
     threads: int | None = None
-    eval_every: int = Field(500, ge=1)
-    checkpoint_every: int = Field(500, ge=1)
+    eval_every: int = Field(default=500, ge=1)
+    checkpoint_every: int = Field(default=500, ge=1)
     bf16: bool = True
     """bf16 autocast for updates where bf16 is native (GPUs; CPUs with AVX512-BF16 or AMX)."""
 
@@ -108,7 +108,7 @@ class LoggingSection(_Section):
     """What gets written besides checkpoints."""
 
     tensorboard: bool = True
-    log_every: int = Field(50, ge=1)
+    log_every: int = Field(default=50, ge=1)
 
 
 class TrainConfig(_Section):

@@ -278,6 +278,7 @@ def parse_tool_reply(content: str, *, forced: str | None, names: Iterable[str]) 
                 invalid_tool_call(name=forced, args=content, id=call_id, error=f"invalid JSON from model: {exc}")
             ],
         )
+    name: object  # from the model's JSON: anything until checked against names
     if forced is not None:
         name, args = forced, data
     elif isinstance(data, dict):
@@ -301,6 +302,7 @@ def parse_tool_reply(content: str, *, forced: str | None, names: Iterable[str]) 
                 )
             ],
         )
+    assert isinstance(name, str)  # it is one of names
     return AIMessage(content="", tool_calls=[tool_call(name=name, args=args, id=call_id)])
 
 

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from langchain_core import messages as lc
 from langchain_core.load import load as lc_load
@@ -29,6 +29,9 @@ from pydantic import BaseModel, ValidationError
 
 from evoharness_agent.runtime import atomic_writer
 from evoharness_agent.schema import Episode, ToolSpec
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 __all__ = ["FORMATS", "LoadResult", "LogFormatError", "detect_format", "episode_from_messages", "load_episodes",
            "write_episodes"]
@@ -91,6 +94,8 @@ def load_episodes(paths: Sequence[str | Path], format: str = "auto", *,
     result = LoadResult()
     for path in _expand(paths):
         kind = _detect(path) if format == "auto" else format
+        if kind is None:
+            continue  # an empty file (no non-blank line): nothing to convert
         stem = path.name.removesuffix(".gz").removesuffix(".jsonl")
         for line, text in _lines(path):
             try:
@@ -118,7 +123,7 @@ def write_episodes(path: str | Path, episodes: Iterable[Episode]) -> None:
             _write_lines(raw, episodes)
 
 
-def _write_lines(stream: IO[bytes], episodes: Iterable[Episode]) -> None:
+def _write_lines(stream: SupportsWrite[bytes], episodes: Iterable[Episode]) -> None:
     """Write one JSON line per episode."""
     for episode in episodes:
         stream.write(episode.model_dump_json().encode() + b"\n")

@@ -156,6 +156,7 @@ class EpisodeRecorder(BaseCallbackHandler):
             if not self._register(run_id, parent_run_id, tool=True):
                 return
             recording = self._recording(run_id)
+            assert recording is not None  # _register found the run's root, which is being recorded
             name = (serialized or {}).get("name") or kwargs.get("name") or "tool"
             recording.tools.setdefault(name, ToolSpec(name=name, description=(serialized or {}).get("description")
                                                       or ""))

@@ -36,6 +36,10 @@ class PIIRule:
     pattern: re.Pattern[str]
     check: Callable[[str], bool] | None = None
 
+    def replacement(self, match: re.Match[str]) -> str:
+        """Return the placeholder for ``match``, or the match itself when the check rejects it."""
+        return match.group(0) if self.check and not self.check(match.group(0)) else f"[{self.label}]"
+
 
 _HEX = "[0-9A-Fa-f]{1,4}"
 DEFAULT_RULES: tuple[PIIRule, ...] = (
@@ -67,8 +71,7 @@ class PIIScrubber:
     def __call__(self, text: str) -> str:
         """Return ``text`` with every match of every rule replaced by its placeholder."""
         for rule in self.rules:
-            text = rule.pattern.sub(lambda m, r=rule: m.group(0) if r.check and not r.check(m.group(0))
-                                    else f"[{r.label}]", text)
+            text = rule.pattern.sub(rule.replacement, text)
         return text
 
     def scrub(self, value: Any) -> Any:

@@ -8,7 +8,8 @@ inference) and ``state_dict()`` / ``load_state_dict()`` (what a checkpoint needs
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from evoharness_agent.learning.algorithms.base import Algorithm, Dims, ToolInputs
 from evoharness_agent.learning.algorithms.bc import BC, BCConfig
@@ -17,10 +18,16 @@ from evoharness_agent.learning.algorithms.cql import CQL, CQLConfig
 from evoharness_agent.learning.algorithms.iql import IQL, IQLConfig
 from evoharness_agent.learning.networks import NetworkConfig
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 __all__ = ["ALGORITHMS", "BC", "Algorithm", "BCQ", "CQL", "IQL", "BCConfig", "BCQConfig", "CQLConfig",
            "Dims", "IQLConfig", "ToolInputs", "make_algorithm"]
 
-ALGORITHMS: dict[str, tuple[type, type]] = {
+AlgorithmFactory = Callable[[Any, Dims, NetworkConfig, ToolInputs], Algorithm]
+"""An algorithm class: built from its config (an instance of the paired config class), sizes, network and tools."""
+
+ALGORITHMS: dict[str, tuple[AlgorithmFactory, type[DataclassInstance]]] = {
     "bc": (BC, BCConfig),
     "cql": (CQL, CQLConfig),
     "iql": (IQL, IQLConfig),

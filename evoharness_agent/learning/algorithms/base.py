@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from evoharness_agent.encoding.transitions import Batch
 from evoharness_agent.learning.networks import NetworkConfig, StateValue, ToolScorer, masked_scores
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self is Python 3.11+
 
 __all__ = [
     "Algorithm",
@@ -90,9 +93,13 @@ class Algorithm(Protocol):
     """What the trainer, the checkpoints and the policy use of an algorithm."""
 
     name: ClassVar[str]
-    acting: ClassVar[tuple[str, ...]]
     modules: dict[str, nn.Module]
     tools: ToolInputs
+
+    @property
+    def acting(self) -> tuple[str, ...]:
+        """Names of the modules a policy needs at inference (read-only: classes set a fixed-length tuple)."""
+        ...
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """Take one gradient step on ``batch``; return scalar logs."""
@@ -110,7 +117,7 @@ class Algorithm(Protocol):
         """Return the modules a policy needs at inference."""
         ...
 
-    def to(self, device: torch.device | str) -> AlgorithmBase:
+    def to(self, device: torch.device | str) -> Self:
         """Move every module and the tool table to ``device``."""
         ...
 
@@ -167,7 +174,7 @@ class AlgorithmBase:
         """Return the modules a policy needs at inference."""
         return {name: self.modules[name] for name in self.acting}
 
-    def to(self, device: torch.device | str) -> AlgorithmBase:
+    def to(self, device: torch.device | str) -> Self:
         """Move every module (and the tool table) to ``device``."""
         for module in self.modules.values():
             module.to(device)
