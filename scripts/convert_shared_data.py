@@ -15,6 +15,7 @@ import argparse
 import gzip
 import io
 import json
+import random
 import re
 import shutil
 import sys
@@ -26,7 +27,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Importable without installing the package (e.g. plain `python scripts/...`).
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from evoharness_agent.schema import Episode, Step, ToolSpec  # noqa: E402
+from evoharness_agent.schema import Episode, Step, ToolSpec, as_tool_spec  # noqa: E402
 
 BFCL_VARIANTS = ("base", "miss_func", "miss_param", "long_context")
 
@@ -292,6 +293,342 @@ def convert_tau_airline(shared: Path, out: Path) -> list[Path]:
     return [gpt4o_path, test_path]
 
 
+# ----------------------------------------------------------------- BFCL single-turn
+
+
+# BFCL ground truth lists the acceptable values of each parameter; "" among them means the
+# parameter may be left out.
+_OMIT = object()
+
+
+def _bfcl_pick(options: Any) -> Any:
+    """Return one acceptable value from a BFCL ground-truth option list (the first one)."""
+    if not isinstance(options, list):
+        return options  # a raw value nested inside a dict option
+    if not options or options[0] == "":
+        return _OMIT
+    first = options[0]
+    if isinstance(first, dict):
+        return _bfcl_pick_dict(first)
+    if isinstance(first, list):
+        # An array value; its dict elements (arrays of objects) again hold option lists.
+        return [_bfcl_pick_dict(item) if isinstance(item, dict) else item for item in first]
+    return first
+
+
+def _bfcl_pick_dict(options: dict[str, Any]) -> dict[str, Any]:
+    """Pick a value for every key of a dict whose values are BFCL option lists."""
+    picked = {key: _bfcl_pick(value) for key, value in options.items()}
+    return {key: value for key, value in picked.items() if value is not _OMIT}
+
+
+def bfcl_single_episode(row: dict[str, Any]) -> Episode:
+    """Convert one BFCL single-turn row: the gold call(s), then FINISH."""
+    if len(row["question"]) != 1:
+        raise ValueError(f"{row['id']}: expected a single turn")
+    messages = row["question"][0]
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    if len(users) != 1 or len(users) + len(system) != len(messages):
+        raise ValueError(f"{row['id']}: expected one user message (and optionally a system one)")
+    tools = [ToolSpec(name=f["name"], description=f.get("description", ""),
+                      parameters=f.get("parameters")) for f in row["functions"]]
+    names = [tool.name for tool in tools]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{row['id']}: duplicate candidate names")
+    steps = []
+    for call in row["ground_truth"]:
+        if len(call) != 1:
+            raise ValueError(f"{row['id']}: a ground-truth call must name one function")
+        [(name, options)] = call.items()
+        steps.append(Step(kind="tool_call", tool=name, arguments=_bfcl_pick_dict(options)))
+    if [step.tool for step in steps] != row["gold_function_names"]:
+        raise ValueError(f"{row['id']}: ground_truth disagrees with gold_function_names")
+    steps.append(Step(kind="assistant", content=""))
+    metadata: dict[str, Any] = {"benchmark": "bfcl", "domain": "bfcl_single",
+                                "category": row["category"], "ground_truth": row["ground_truth"]}
+    if system:
+        metadata["system"] = "\n".join(system)
+    return _check_tools(Episode(id=row["id"], task=users[0], tools=tools, steps=steps, reward=1.0,
+                                metadata=metadata))
+
+
+def convert_bfcl_single(shared: Path, out: Path) -> list[Path]:
+    """Convert BFCL's single-turn selection rows (multiple / parallel_multiple, live and not)."""
+    rows = read_jsonl(shared / "bfcl" / "single_turn_selection.jsonl")
+    path = out / "bfcl" / "single_turn_selection.jsonl.gz"
+    write_episodes(path, [bfcl_single_episode(row) for row in rows])
+    return [path]
+
+
+# ---------------------------------------------------------------------------- MetaTool
+
+METATOOL_SEED = "evoharness-metatool-v1"
+METATOOL_SINGLE_SAMPLE = 3000
+METATOOL_DISTRACTORS = 15
+
+
+def metatool_tools(shared: Path) -> dict[str, ToolSpec]:
+    """Load MetaTool's 199 tools (name -> description; they take no arguments)."""
+    raw = json.loads((shared / "metatool" / "tool_descriptions.json").read_text("utf-8"))
+    return {name: ToolSpec(name=name, description=text) for name, text in raw.items()}
+
+
+def _metatool_candidates(gold: list[str], every: list[str], key: str) -> list[str]:
+    """Return the gold tools plus seeded random distractors, in a seeded random order."""
+    rng = random.Random(f"{METATOOL_SEED}:{key}")
+    others = [name for name in every if name not in gold]
+    names = list(gold) + rng.sample(others, METATOOL_DISTRACTORS + 1 - len(gold))
+    rng.shuffle(names)
+    return names
+
+
+def _metatool_episode(key: str, subset: str, query: str, gold: list[str], candidates: list[str],
+                      tools: dict[str, ToolSpec], **extra: Any) -> Episode:
+    """Build a MetaTool episode: one argument-free call per gold tool, then FINISH."""
+    steps = [Step(kind="tool_call", tool=name) for name in gold]
+    steps.append(Step(kind="assistant", content=""))
+    return _check_tools(Episode(
+        id=f"metatool_{subset}_{key}", task=query, tools=[tools[name] for name in candidates],
+        steps=steps, reward=1.0,
+        metadata={"benchmark": "metatool", "domain": "metatool", "subset": subset, **extra},
+    ))
+
+
+def metatool_single_sample(rows: list[dict[str, Any]], exclude: set[str]) -> list[dict[str, Any]]:
+    """Pick a seeded sample of single-tool rows, as even over the tools as the data allows."""
+    labels: dict[str, set[str]] = {}
+    for row in rows:
+        labels.setdefault(row["query"], set()).add(row["tool"])
+    by_tool: dict[str, list[dict[str, Any]]] = {}
+    seen: set[str] = set()
+    for row in rows:
+        # Drop queries labelled with several tools (ambiguous), exact repeats, and queries
+        # that the awareness / reliability files reuse (kept clean for within-domain tests).
+        if len(labels[row["query"]]) > 1 or row["query"] in seen or row["query"] in exclude:
+            continue
+        seen.add(row["query"])
+        by_tool.setdefault(row["tool"], []).append(row)
+    for tool, group in by_tool.items():
+        random.Random(f"{METATOOL_SEED}:sample:{tool}").shuffle(group)
+    picked: list[dict[str, Any]] = []
+    depth = 0
+    # Round robin over the tools (sorted) until the sample is full: every tool gets the same
+    # number of queries, except those that run out.
+    while len(picked) < METATOOL_SINGLE_SAMPLE:
+        layer = [group[depth] for _, group in sorted(by_tool.items()) if depth < len(group)]
+        if not layer:
+            break
+        picked.extend(layer[:METATOOL_SINGLE_SAMPLE - len(picked)])
+        depth += 1
+    return sorted(picked, key=lambda row: row["id"])
+
+
+def convert_metatool(shared: Path, out: Path) -> list[Path]:
+    """Convert MetaTool: a single-tool sample, multi-tool pairs, reliability and awareness."""
+    src = shared / "metatool"
+    tools = metatool_tools(shared)
+    every = list(tools)
+    awareness = read_jsonl(src / "task1_awareness.jsonl")
+    reliability = read_jsonl(src / "task2_subtask3_reliability.jsonl")
+    paths = []
+
+    exclude = {row["query"] for row in awareness + reliability}
+    sample = metatool_single_sample(read_jsonl(src / "single_tool_queries.jsonl"), exclude)
+    paths.append(out / "metatool" / "single_tool.jsonl.gz")
+    write_episodes(paths[-1], [
+        _metatool_episode(str(row["id"]), "single_tool", row["query"], [row["tool"]],
+                          _metatool_candidates([row["tool"]], every, f"single:{row['id']}"), tools,
+                          source_id=row["id"])
+        for row in sample])
+
+    # task2_subtask4_multi is the same 497 queries and gold pairs with MetaTool's own 10
+    # candidates: use those as the tool list.
+    multi = read_jsonl(src / "multi_tool_queries.jsonl")
+    picks = read_jsonl(src / "task2_subtask4_multi.jsonl")
+    episodes = []
+    for row, pick in zip(multi, picks, strict=True):
+        if (row["query"], row["tools"]) != (pick["query"], pick["gold_tools"]):
+            raise ValueError(f"MetaTool multi row {row['id']}: subtask4 row does not match")
+        if len(row["tools"]) != 2 or set(row["tools"]) - set(pick["candidates"]):
+            raise ValueError(f"MetaTool multi row {row['id']}: gold pair not in candidates")
+        episodes.append(_metatool_episode(str(row["id"]), "multi_tool", row["query"], row["tools"],
+                                          pick["candidates"], tools, source_id=row["id"]))
+    paths.append(out / "metatool" / "multi_tool.jsonl.gz")
+    write_episodes(paths[-1], episodes)
+
+    episodes = []
+    for index, row in enumerate(reliability):
+        if row["expected_answer"] != "None" or row["excluded_gold_tool"] in row["candidates"]:
+            raise ValueError(f"MetaTool reliability row {index}: gold tool among candidates")
+        episodes.append(_metatool_episode(str(index), "reliability", row["query"], [],
+                                          row["candidates"], tools, source_line=index,
+                                          excluded_gold_tool=row["excluded_gold_tool"]))
+    paths.append(out / "metatool" / "reliability.jsonl.gz")
+    write_episodes(paths[-1], episodes)
+
+    episodes = []
+    for index, row in enumerate(awareness):
+        if row["label"] == "positive" and not row["tool"]:
+            continue  # needs a tool but names none: no gold action (none in this release)
+        gold = [row["tool"]] if row["label"] == "positive" else []
+        if row["label"] not in ("positive", "negative") or (row["label"] == "negative" and row["tool"]):
+            raise ValueError(f"MetaTool awareness row {index}: unexpected label/tool")
+        episodes.append(_metatool_episode(
+            str(index), "awareness", row["query"], gold,
+            _metatool_candidates(gold, every, f"awareness:{index}"), tools,
+            source_line=index, label=row["label"]))
+    paths.append(out / "metatool" / "awareness.jsonl.gz")
+    write_episodes(paths[-1], episodes)
+    copy_licence(src / "LICENSE.MetaTool.txt", out / "metatool")
+    return paths
+
+
+# -------------------------------------------------------------------- StableToolBench
+
+STB_GROUPS = ("G1_category", "G1_instruction", "G1_tool", "G2_category", "G2_instruction",
+              "G3_instruction")
+# RapidAPI parameter types -> JSON schema (ENUM, DATE, TIME, BINARY are strings on the wire).
+STB_TYPES = {"STRING": "string", "NUMBER": "number", "BOOLEAN": "boolean", "ARRAY": "array",
+             "OBJECT": "object"}
+
+
+def _stb_slug(text: str) -> str:
+    """Lower-case a RapidAPI name to a snake_case identifier (non-word runs become '_')."""
+    return re.sub(r"_+", "_", re.sub(r"\W+", "_", text)).strip("_").lower() or "api"
+
+
+def stb_tool_name(tool_name: str, api_name: str) -> str:
+    """Name an API as ToolBench does, ``<api>_for_<tool>`` (not truncated to 64 characters)."""
+    return f"{_stb_slug(api_name)}_for_{_stb_slug(tool_name)}"
+
+
+def stb_parameters(api: dict[str, Any]) -> dict[str, Any]:
+    """Build a JSON schema from an API's required and optional RapidAPI parameters."""
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for is_required, params in ((True, api["required_parameters"]),
+                                (False, api["optional_parameters"])):
+        for param in params:
+            name = param["name"]
+            if name in properties:
+                continue  # two APIs list a parameter twice: keep the first
+            kind = str(param.get("type") or "STRING")
+            schema: dict[str, Any] = {"type": STB_TYPES.get(kind.upper(), "string")}
+            if param.get("description"):
+                schema["description"] = param["description"]
+            if kind.upper() not in STB_TYPES:
+                schema["format"] = kind  # ENUM, DATE (YYYY-MM-DD), TIME (24-hour HH:MM), BINARY
+            if param.get("default") not in (None, ""):
+                # RapidAPI's "default" is an example value (ToolBench's example_value).
+                schema["examples"] = [param["default"]]
+            properties[name] = schema
+            if is_required:
+                required.append(name)
+    return {"type": "object", "properties": properties, "required": required}
+
+
+def stb_episode(row: dict[str, Any]) -> Episode:
+    """Convert one StableToolBench query: a call per relevant API (listed order), then FINISH."""
+    key = f"{row['group']}_{row['query_id']}"
+    names: dict[tuple[str, str], str] = {}
+    tools = []
+    for api in row["api_list"]:
+        pair = (api["tool_name"], api["api_name"])
+        if pair in names:
+            raise ValueError(f"{key}: API {pair} listed twice")
+        name = base = stb_tool_name(*pair)
+        suffix = 2
+        while name in names.values():
+            name, suffix = f"{base}_{suffix}", suffix + 1
+        names[pair] = name
+        tools.append(ToolSpec(name=name, description=(api.get("api_description") or "").strip(),
+                              parameters=stb_parameters(api)))
+    steps = []
+    for tool_name, api_name in row["relevant_apis"]:
+        if (tool_name, api_name) not in names:
+            raise ValueError(f"{key}: relevant API {(tool_name, api_name)} not in api_list")
+        steps.append(Step(kind="tool_call", tool=names[(tool_name, api_name)]))
+    steps.append(Step(kind="assistant", content=""))
+    return _check_tools(Episode(
+        id=f"stabletoolbench_{key}", task=row["query"], tools=tools, steps=steps, reward=1.0,
+        metadata={"benchmark": "stabletoolbench", "domain": "stabletoolbench",
+                  "source_split": "test", "group": row["group"], "query_id": row["query_id"],
+                  "relevant_apis": row["relevant_apis"],
+                  "categories": sorted({api["category_name"] for api in row["api_list"]})},
+    ))
+
+
+def convert_stabletoolbench(shared: Path, out: Path) -> list[Path]:
+    """Convert the six StableToolBench solvable-query groups into one file."""
+    episodes = []
+    for group in STB_GROUPS:
+        for row in read_jsonl(shared / "stabletoolbench" / f"solvable_queries_{group}.jsonl"):
+            if row["group"] != group:
+                raise ValueError(f"{group}: row {row['query_id']} says group {row['group']}")
+            episodes.append(stb_episode(row))
+    path = out / "stabletoolbench" / "solvable_queries.jsonl.gz"
+    write_episodes(path, episodes)
+    copy_licence(shared / "stabletoolbench" / "LICENSE.StableToolBench.txt", out / "stabletoolbench")
+    return [path]
+
+
+# ----------------------------------------------------------------------- tau retail
+
+
+def openai_tools(path: Path) -> list[ToolSpec]:
+    """Load tool schemas in OpenAI function format from a tau tools file."""
+    raw = json.loads(path.read_text("utf-8"))
+    return [as_tool_spec(tool) for tool in raw["tools"]]
+
+
+def _replayed_steps(row: dict[str, Any]) -> list[Step]:
+    """Turn a task's replayed gold calls into tool_call steps plus a closing FINISH."""
+    if [a["name"] for a in row["gold_actions"]] != [call["tool"] for call in row["replay"]]:
+        raise ValueError("replay does not follow the gold actions")
+    steps = [Step(kind="tool_call", tool=call["tool"], arguments=call["arguments"] or {},
+                  observation=call["observation"], error=bool(call["error"]))
+             for call in row["replay"]]
+    steps.append(Step(kind="assistant", content=""))
+    return steps
+
+
+def convert_tau_retail(shared: Path, out: Path) -> list[Path]:
+    """Convert tau-bench retail train + dev (final state-changing gold calls only, replayed)."""
+    tools = openai_tools(shared / "tau_bench" / "retail_tools.json")
+    episodes = []
+    for split in ("train", "dev"):
+        for row in read_jsonl(shared / "tau_bench" / f"retail_{split}.jsonl"):
+            if row["split"] != split:
+                raise ValueError(f"retail_{split} task {row['task_index']}: split {row['split']}")
+            episodes.append(_check_tools(Episode(
+                id=f"tau_retail_{split}_{row['task_index']}", task=row["instruction"], tools=tools,
+                steps=_replayed_steps(row), reward=1.0,
+                metadata={"benchmark": "tau-bench", "domain": "tau_retail", "source_split": split,
+                          "task_index": row["task_index"], "user_id": row.get("user_id"),
+                          "partial_gold": True},
+            )))
+    path = out / "tau_bench" / "retail.jsonl.gz"
+    write_episodes(path, episodes)
+    return [path]
+
+
+def convert_tau2_retail(shared: Path, out: Path) -> list[Path]:
+    """Convert the tau2-bench retail tasks (full gold sequences, replayed)."""
+    tools = openai_tools(shared / "tau2_bench" / "retail_tools.json")
+    episodes = []
+    for row in read_jsonl(shared / "tau2_bench" / "retail_tasks.jsonl"):
+        episodes.append(_check_tools(Episode(
+            id=f"tau2_retail_{row['id']}", task=tau2_task_text(row["user_scenario"]), tools=tools,
+            steps=_replayed_steps(row), reward=1.0,
+            metadata={"benchmark": "tau2-bench", "domain": "tau2_retail",
+                      "source_split": row["split"], "task_id": row["id"]},
+        )))
+    path = out / "tau2_bench" / "retail.jsonl.gz"
+    write_episodes(path, episodes)
+    return [path]
+
+
 # ------------------------------------------------------------------------------- driver
 
 
@@ -328,6 +665,9 @@ def main(argv: list[str] | None = None) -> int:
 
     paths = convert_bfcl(shared, out) + convert_tau2_airline(shared, out)
     paths += convert_tau_airline(shared, out)
+    paths += convert_bfcl_single(shared, out) + convert_metatool(shared, out)
+    paths += convert_stabletoolbench(shared, out) + convert_tau_retail(shared, out)
+    paths += convert_tau2_retail(shared, out)
     for path in paths:
         print(summarise(path, out))
     return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from evoharness_agent.schema import Episode
@@ -15,19 +15,35 @@ from evoharness_agent.schema import Episode
 __all__ = [
     "BFCL_VARIANTS",
     "DATA_DIR",
+    "DOMAINS",
+    "METATOOL_SUBSETS",
+    "all_domain_episodes",
     "bfcl_paths",
     "bfcl_scenario_number",
+    "bfcl_single_path",
     "data_dir",
+    "domain_episodes",
+    "domain_paths",
     "gpt4o_airline_path",
     "gpt4o_airline_split",
+    "metatool_paths",
     "read_native",
     "split_bfcl",
+    "stabletoolbench_path",
     "tau2_airline_path",
     "tau2_airline_split",
+    "tau2_retail_path",
     "tau_airline_test_path",
+    "tau_retail_path",
 ]
 
 BFCL_VARIANTS = ("base", "miss_func", "miss_param", "long_context")
+
+METATOOL_SUBSETS = ("single_tool", "multi_tool", "reliability", "awareness")
+
+DOMAINS = ("bfcl", "bfcl_single", "metatool", "stabletoolbench", "tau_retail", "tau_airline",
+           "tau2_retail", "tau2_airline")
+"""The bundled domains, for leave-one-domain-out training (see ``domain_episodes``)."""
 
 
 def data_dir() -> Path:
@@ -70,6 +86,77 @@ def gpt4o_airline_path() -> Path:
 def tau_airline_test_path() -> Path:
     """Return the tau-bench airline replayed gold test tasks file."""
     return data_dir() / "tau_bench" / "airline_test.jsonl.gz"
+
+
+def bfcl_single_path() -> Path:
+    """Return the BFCL single-turn selection file (multiple / parallel_multiple, live and not)."""
+    return data_dir() / "bfcl" / "single_turn_selection.jsonl.gz"
+
+
+def metatool_paths(subsets: Sequence[str] = METATOOL_SUBSETS) -> list[Path]:
+    """Return the MetaTool files for the given subsets, in the order given."""
+    unknown = [subset for subset in subsets if subset not in METATOOL_SUBSETS]
+    if unknown:
+        raise ValueError(f"unknown MetaTool subsets {unknown}; expected some of {METATOOL_SUBSETS}")
+    return [data_dir() / "metatool" / f"{subset}.jsonl.gz" for subset in subsets]
+
+
+def stabletoolbench_path() -> Path:
+    """Return the StableToolBench solvable-queries file (all six groups)."""
+    return data_dir() / "stabletoolbench" / "solvable_queries.jsonl.gz"
+
+
+def tau_retail_path() -> Path:
+    """Return the tau-bench retail file (train + dev; final state-changing gold calls only)."""
+    return data_dir() / "tau_bench" / "retail.jsonl.gz"
+
+
+def tau2_retail_path() -> Path:
+    """Return the tau2-bench retail replayed gold tasks file."""
+    return data_dir() / "tau2_bench" / "retail.jsonl.gz"
+
+
+def domain_paths(domain: str) -> list[Path]:
+    """Return the bundled files that make up one of :data:`DOMAINS`."""
+    paths: dict[str, Callable[[], list[Path]]] = {
+        "bfcl": bfcl_paths,
+        "bfcl_single": lambda: [bfcl_single_path()],
+        "metatool": metatool_paths,
+        "stabletoolbench": lambda: [stabletoolbench_path()],
+        "tau_retail": lambda: [tau_retail_path()],
+        "tau_airline": lambda: [tau_airline_test_path(), gpt4o_airline_path()],
+        "tau2_retail": lambda: [tau2_retail_path()],
+        "tau2_airline": lambda: [tau2_airline_path()],
+    }
+    if domain not in paths:
+        raise ValueError(f"unknown domain {domain!r}; expected one of {DOMAINS}")
+    return paths[domain]()
+
+
+# The files converted before domains existed carry no "domain" / "source_split" (or, for
+# the tau airline files, "domain": "airline"); they are kept byte-identical, so these
+# labels are set on load. Both tau-bench airline files are the benchmark's test tasks.
+_LEGACY_SPLITS = {"airline_test.jsonl.gz": "test", "airline_gpt4o.jsonl.gz": "test"}
+
+
+def domain_episodes(domain: str) -> list[Episode]:
+    """Read every bundled file of ``domain``, each episode's ``metadata["domain"]`` set to it."""
+    episodes = []
+    for path in domain_paths(domain):
+        for episode in read_native(path):
+            metadata = episode.metadata
+            metadata["domain"] = domain
+            if "source_split" not in metadata:
+                split = metadata.get("split", _LEGACY_SPLITS.get(path.name))
+                if split is not None:
+                    metadata["source_split"] = split
+            episodes.append(episode)
+    return episodes
+
+
+def all_domain_episodes() -> dict[str, list[Episode]]:
+    """Read every domain's episodes, keyed by domain in :data:`DOMAINS` order."""
+    return {domain: domain_episodes(domain) for domain in DOMAINS}
 
 
 def bfcl_scenario_number(episode: Episode) -> int:

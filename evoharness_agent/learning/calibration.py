@@ -1,0 +1,146 @@
+"""Confidence that means what it says: temperature scaling, and the measures of calibration.
+
+A policy's scores (Q-values, logits) rank tools well but their softmax is no probability: CQL's
+Q-values are on the scale of the rewards (~10), so the top tool often gets p > 0.9 while being
+right half the time. When training ends, one temperature ``T`` is fit on the validation
+episodes (never trained on) by minimising the negative log-likelihood of the logged action
+under ``softmax(scores / T)`` over the available actions (FINISH included, as live). The
+policy reports those probabilities, so a threshold reads as an accuracy: of the choices made
+with probability about 0.9, about 90% are right.
+
+* :func:`expected_calibration_error`: the mean gap between confidence and accuracy, over
+  equal-width confidence bins, weighted by how many decisions fall in each;
+* :func:`coverage_at_accuracy`: the largest share of decisions, most confident first, whose
+  accuracy is still at least the target (0.95: the share the policy can take at <= 5% error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+__all__ = [
+    "CalibrationReport",
+    "accuracy_coverage_curve",
+    "calibration_report",
+    "coverage_at_accuracy",
+    "expected_calibration_error",
+    "fit_temperature",
+    "reliability_bins",
+]
+
+N_BINS = 15
+MIN_TEMPERATURE, MAX_TEMPERATURE = 0.05, 100.0
+
+
+def fit_temperature(scores: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor) -> float:
+    """Return the ``T`` minimising the NLL of ``actions`` under ``softmax(scores / T)`` over ``mask``.
+
+    Args:
+        scores: ``(n, N)`` raw scores of every action.
+        actions: ``(n,)`` the logged actions' columns.
+        mask: ``(n, N)`` the available actions (the logged one among them).
+
+    """
+    if scores.shape[0] == 0:
+        return 1.0
+    scores = scores.detach().float().cpu()
+    mask = mask.cpu()
+    actions = actions.cpu()
+    # One parameter: a grid in log T, then a finer grid around the best point, is exact enough
+    # and cannot diverge (LBFGS on a few hundred decisions can).
+    def nll(log_t: float) -> float:
+        logits = (scores / float(np.exp(log_t))).masked_fill(~mask, -torch.inf)
+        return float(-torch.log_softmax(logits, dim=-1).gather(1, actions[:, None]).mean())
+
+    grid = np.linspace(np.log(MIN_TEMPERATURE), np.log(MAX_TEMPERATURE), 81)
+    best = float(grid[int(np.argmin([nll(x) for x in grid]))])
+    step = float(grid[1] - grid[0])
+    fine = np.linspace(best - step, best + step, 41)
+    return float(np.exp(fine[int(np.argmin([nll(x) for x in fine]))]))
+
+
+def reliability_bins(confidence: Sequence[float], correct: Sequence[bool],
+                     n_bins: int = N_BINS) -> list[dict[str, float]]:
+    """Return per confidence bin: its range, the number of decisions, mean confidence and accuracy."""
+    conf = np.asarray(confidence, dtype=np.float64)
+    hits = np.asarray(correct, dtype=np.float64)
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    which = np.clip(np.digitize(conf, edges[1:-1], right=True), 0, n_bins - 1)
+    out = []
+    for b in range(n_bins):
+        inside = which == b
+        n = int(inside.sum())
+        out.append({"low": float(edges[b]), "high": float(edges[b + 1]), "n": n,
+                    "confidence": float(conf[inside].mean()) if n else 0.0,
+                    "accuracy": float(hits[inside].mean()) if n else 0.0})
+    return out
+
+
+def expected_calibration_error(confidence: Sequence[float], correct: Sequence[bool], n_bins: int = N_BINS) -> float:
+    """Return ``sum_b (n_b / n) * |accuracy_b - confidence_b|`` over equal-width bins (0 when empty)."""
+    total = len(confidence)
+    if total == 0:
+        return 0.0
+    return float(sum(b["n"] / total * abs(b["accuracy"] - b["confidence"])
+                     for b in reliability_bins(confidence, correct, n_bins)))
+
+
+def accuracy_coverage_curve(confidence: Sequence[float], correct: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
+    """Return (coverage, accuracy) when the policy takes only its most confident decisions.
+
+    Point ``k`` keeps the ``k + 1`` most confident decisions. Decisions of equal confidence
+    are kept or dropped together (a threshold cannot split them), so a point stands for the
+    last decision of each group of ties.
+    """
+    conf = np.asarray(confidence, dtype=np.float64)
+    hits = np.asarray(correct, dtype=np.float64)
+    if conf.size == 0:
+        return np.zeros(0), np.zeros(0)
+    order = np.argsort(-conf, kind="stable")
+    conf, hits = conf[order], hits[order]
+    accuracy = np.cumsum(hits) / np.arange(1, conf.size + 1)
+    last_of_ties = np.append(conf[1:] != conf[:-1], True)
+    coverage = np.arange(1, conf.size + 1) / conf.size
+    return coverage[last_of_ties], accuracy[last_of_ties]
+
+
+def coverage_at_accuracy(confidence: Sequence[float], correct: Sequence[bool], target: float = 0.95) -> float:
+    """Return the largest share of decisions, most confident first, whose accuracy is at least ``target``."""
+    coverage, accuracy = accuracy_coverage_curve(confidence, correct)
+    reach = coverage[accuracy >= target]
+    return float(reach.max()) if reach.size else 0.0
+
+
+@dataclass
+class CalibrationReport:
+    """How well the top choice's probability matches how often it is right."""
+
+    n_decisions: int
+    accuracy: float
+    """Top-1 accuracy of these decisions (FINISH among the candidates, as live)."""
+    mean_confidence: float
+    ece: float
+    coverage_at_95: float
+    """Largest share of decisions (most confident first) that is still >= 95% right."""
+    bins: list[dict[str, float]]
+
+    def to_json(self) -> dict[str, object]:
+        """Return the report as JSON-ready data."""
+        return asdict(self)
+
+
+def calibration_report(confidence: Sequence[float], correct: Sequence[bool]) -> CalibrationReport:
+    """Measure the calibration of top choices made with ``confidence`` and right when ``correct``."""
+    n = len(confidence)
+    return CalibrationReport(
+        n_decisions=n,
+        accuracy=float(np.mean(correct)) if n else 0.0,
+        mean_confidence=float(np.mean(confidence)) if n else 0.0,
+        ece=expected_calibration_error(confidence, correct),
+        coverage_at_95=coverage_at_accuracy(confidence, correct, 0.95),
+        bins=reliability_bins(confidence, correct),
+    )
