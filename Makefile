@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv demo test test-slow lint bench clean
+.PHONY: venv demo test test-slow lint bench default clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ test-slow: venv
 bench: venv
 	$(PIP) install -q -e '.[dev,bench]'
 	$(PY) benchmarks/train_throughput.py
+
+# Rebuild the shipped general policy and its model card: train on every domain's training split,
+# then measure transfer (leave one domain out) and the zero-shot suite, all written as JSON.
+default: venv
+	$(PY) scripts/train_default.py --json runs/default/train.json
+	$(PY) benchmarks/zero_shot.py --policy evoharness_agent/trained/default --json runs/default/zero_shot.json
+	$(PY) benchmarks/transfer.py --json runs/default/transfer.json
+	$(PY) scripts/model_card.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -139,7 +139,8 @@ def evaluate(
         help="Logs the count baselines are fit on (default: the policy's training logs; with --env, "
              "the environment's train split).")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write metrics as JSON here.")] = None,
-    plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here.")] = None,
+    plot: Annotated[Path | None, typer.Option(
+        help="Write a PNG plot here (offline: the calibration plot too, as STEM_calibration.png).")] = None,
     skip_invalid: Annotated[bool, typer.Option(help="Skip bad log lines (and report them).")] = False,
     env: EnvOption = None,
     variant: VariantOption = "base",
@@ -154,7 +155,7 @@ def evaluate(
 ) -> None:
     """Next-tool prediction of a policy against four baselines, in one run; with --env, task success online."""
     from evoharness_agent.evaluation.offline import evaluate_offline
-    from evoharness_agent.evaluation.reports import plot_report, print_report
+    from evoharness_agent.evaluation.reports import plot_calibration, plot_report, print_report
     from evoharness_agent.policy import ToolPolicy
 
     if env is not None:
@@ -180,7 +181,9 @@ def evaluate(
         console.print(f"metrics written to {json_out}")
     if plot:
         plot_report(report, plot)
-        console.print(f"plot written to {plot}")
+        calibration_plot = plot.with_name(f"{plot.stem}_calibration{plot.suffix}")
+        plot_calibration(report.calibration, calibration_plot)
+        console.print(f"plots written to {plot} and {calibration_plot}")
 
 
 def _load_llm(spec: str) -> Any:
@@ -297,7 +300,7 @@ def demo(
     steps: Annotated[int, typer.Option(help="Gradient steps per algorithm.")] = 1500,
     agent: Annotated[bool, typer.Option(help="Then run the shipped policy as an agent with the local LLM "
                                              "on held-out BFCL scenarios.")] = True,
-    policy: Annotated[Path | None, typer.Option(help="Policy the agent part runs (default: trained/default).")] = None,
+    policy: Annotated[Path | None, typer.Option(help="Policy the agent runs (default: the shipped one).")] = None,
 ) -> None:
     """Train on bundled BFCL logs (scenarios ≢ 0 mod 5), evaluate on the rest vs baselines, run the shipped policy."""
     from evoharness_agent.demo import SHIPPED_POLICY, run_demo

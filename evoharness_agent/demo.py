@@ -2,10 +2,11 @@
 
 Part 1 trains BC and CQL on BFCL base (scenarios ≢ 0 mod 5) and evaluates next-tool prediction
 on the held-out fifth against baselines. Part 2 (:func:`run_agent_demo`) runs the shipped policy
-(``trained/default``) in :class:`~evoharness_agent.agents.executor.PolicyAgentExecutor` with the local
-LLM on the first turn of a few held-out BFCL scenarios, printing every step, and judges each
-turn with BFCL's own checker. Part 2 needs the ``local`` extra and ``bfcl-eval``; without them
-it prints why and is skipped.
+(``evoharness_agent/trained/default``, ``--policy default``) in
+:class:`~evoharness_agent.agents.executor.PolicyAgentExecutor` with the local LLM on the first
+turn of a few held-out BFCL scenarios, printing every step, and judges each turn with BFCL's
+own checker. Part 2 needs the ``local`` extra and ``bfcl-eval``; without them it prints why
+and is skipped.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from evoharness_agent.envs.base import ToolAction
 from evoharness_agent.envs.bfcl import BFCL_INSTALL_HINT, BFCLEnvironment, bfcl_available
 from evoharness_agent.evaluation.offline import evaluate_offline
 from evoharness_agent.evaluation.reports import plot_report, print_report
+from evoharness_agent.learning.checkpoints import shipped_policy_dir
 from evoharness_agent.learning.config import TrainConfig
 from evoharness_agent.learning.trainer import train_on_episodes
 from evoharness_agent.local_llm.chat_model import LocalChatModel
@@ -37,7 +39,7 @@ from evoharness_agent.schema import FINISH, Episode
 
 __all__ = ["AGENT_SCENARIOS", "SHIPPED_POLICY", "run_agent_demo", "run_demo"]
 
-SHIPPED_POLICY = Path(__file__).resolve().parent.parent / "trained" / "default"
+SHIPPED_POLICY = shipped_policy_dir()
 """The policy shipped with the project (``scripts/train_default.py``: training splits only)."""
 
 AGENT_SCENARIOS = ("multi_turn_base_115", "multi_turn_base_25", "multi_turn_base_135")

@@ -27,7 +27,8 @@ from evoharness_agent.encoding.state import (
     step_text,
 )
 from evoharness_agent.learning.algorithms import Algorithm, ToolInputs
-from evoharness_agent.learning.checkpoints import load_policy, save_policy
+from evoharness_agent.learning.calibration import softmax_with_temperature
+from evoharness_agent.learning.checkpoints import DEFAULT_POLICY, load_policy, save_policy
 from evoharness_agent.runtime import pick_device
 from evoharness_agent.schema import FINISH, Step, ToolSpec, as_tool_spec, finish_spec
 
@@ -35,7 +36,11 @@ __all__ = ["PolicySession", "ToolPolicy", "ToolScore"]
 
 @dataclass(frozen=True)
 class ToolScore:
-    """One ranked tool: its name, raw score and probability among the available tools."""
+    """One ranked tool: its name, raw score and calibrated probability among the tools ranked.
+
+    The probability is ``softmax(score / T)`` over the tools ranked, ``T`` the temperature fit
+    on the validation split when training ended (1 for policies trained before calibration).
+    """
 
     tool: str
     score: float
@@ -54,13 +59,18 @@ class ToolPolicy:
         self.device = device
         self.history_window = int(meta["history_window"])
         self.known_tools = {name: i for i, name in enumerate(meta["known_tools"])}
+        self.temperature = float(meta.get("calibration", {}).get("temperature", 1.0))
+        """Divides the scores before the softmax of :attr:`ToolScore.probability`."""
         self._lock = threading.Lock()
         algorithm.set_training(False)
 
     @classmethod
-    def load(cls, path: str | Path, *, encoder: StateEncoder | None = None,
+    def load(cls, path: str | Path = DEFAULT_POLICY, *, encoder: StateEncoder | None = None,
              device: str | None = None) -> ToolPolicy:
-        """Load a policy directory written by training or :meth:`save` (safetensors, no pickle)."""
+        """Load a policy directory written by training or :meth:`save` (safetensors, no pickle).
+
+        ``"default"`` (the default) is the general policy shipped inside the package.
+        """
         device = pick_device(device)
         algorithm, meta = load_policy(path, device)
         encoder = encoder or StateEncoder(meta["encoder"], max_seq_length=int(meta["max_seq_length"]))
@@ -76,8 +86,8 @@ class ToolPolicy:
         ids = torch.tensor([self.known_tools.get(s.name, -1) for s in specs], device=self.device)
         return ToolInputs(vectors, ids)
 
-    def _state_inputs(self, states: Sequence[tuple[str, Sequence[Step]]],
-                      specs: Sequence[ToolSpec]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _state_inputs(self, states: Sequence[tuple[str, Sequence[Step]]], specs: Sequence[ToolSpec],
+                      available: Sequence[Collection[str] | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Build state vectors and per-tool pair features, embedding each distinct text once."""
         by_name = {spec.name: spec for spec in specs}
         names = [spec.name for spec in specs]
@@ -90,11 +100,11 @@ class ToolPolicy:
             return (by_name.get(name) or ToolSpec(name=name)).text()
 
         rows, features, pairs = [], [], []
-        for task, history in states:
+        for (task, history), allowed in zip(states, available or [None] * len(states), strict=True):
             parts = state_parts(task, history, self.history_window)
             rows.append(state_rows(parts, tool_text, row, self.history_window))
             features.append(parts.features)
-            pairs.append(parts.pair_features(names))
+            pairs.append(parts.pair_features(specs, allowed))
         dim = int(self.meta["tool_dim"])
         table = torch.zeros((len(text_rows) + 1, dim), dtype=torch.float32)
         if text_rows:
@@ -107,12 +117,17 @@ class ToolPolicy:
 
     @torch.no_grad()
     def score_matrix(self, states: Sequence[tuple[str, Sequence[Step]]], tools: Sequence[Any], *,
-                     include_finish: bool = True) -> tuple[list[str], np.ndarray]:
-        """Return the tool names (FINISH last) and a ``(len(states), n_tools)`` score matrix."""
+                     include_finish: bool = True, available: Sequence[Collection[str] | None] | None = None,
+                     ) -> tuple[list[str], np.ndarray]:
+        """Return the tool names (FINISH last) and a ``(len(states), n_tools)`` score matrix.
+
+        ``available[i]`` names the tools callable in state ``i`` (``None``: all of ``tools``); the
+        scores of the others are not meaningful.
+        """
         specs = [spec for spec in map(as_tool_spec, tools) if spec.name != FINISH]
         if include_finish:
             specs.append(finish_spec())
-        tool_inputs, state_inputs = self._tool_inputs(specs), self._state_inputs(states, specs)
+        tool_inputs, state_inputs = self._tool_inputs(specs), self._state_inputs(states, specs, available)
         with self._lock:  # the algorithm scores against one tool table at a time
             self.algorithm.tools = tool_inputs
             scores = self.algorithm.scores(*state_inputs).float().cpu().numpy()
@@ -127,14 +142,13 @@ class ToolPolicy:
         include_finish: bool = True,
     ) -> list[list[ToolScore]]:
         """Rank ``tools`` (plus FINISH) for many (task, history) states in one forward pass."""
-        names, scores = self.score_matrix(states, tools, include_finish=include_finish)
+        names, scores = self.score_matrix(states, tools, include_finish=include_finish, available=available)
         ranked = []
         for row, allowed in zip(scores, available or [None] * len(states), strict=True):
             keep = [j for j, name in enumerate(names)
                     if allowed is None or name in allowed or name == FINISH]
             kept = row[keep]
-            probabilities = np.exp(kept - kept.max())
-            probabilities /= probabilities.sum()
+            probabilities = softmax_with_temperature(kept, self.temperature)
             order = np.argsort(-kept, kind="stable")
             ranked.append([ToolScore(names[keep[j]], float(kept[j]), float(probabilities[j])) for j in order])
         return ranked

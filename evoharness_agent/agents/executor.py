@@ -7,8 +7,10 @@ Replace ``AgentExecutor(agent=..., tools=...)`` with
 Each step the policy ranks the available tools (and FINISH) from the run so far, embedding each
 new step once. The best tool is called with arguments the LLM fills for that tool alone; on
 FINISH the LLM writes the answer. ``mode="hybrid"`` hands the choice to the LLM, among the
-policy's top-k tools, when the policy's top probability is under ``confidence_threshold``;
-``mode="llm"`` always lets the LLM choose (a plain tool-calling agent, for comparison).
+policy's top-k tools or answering now (FINISH), when the policy's top probability is under
+``confidence_threshold``; ``mode="llm"`` always lets the LLM choose (a plain tool-calling
+agent, for comparison). The policy's probabilities are calibrated: at 0.5, about half of the
+choices it makes are right.
 
 Nothing a tool or the LLM does crashes the run: tool errors, invalid arguments, unknown tools
 and guardrail refusals all become the step's observation, which the next step can act on.
@@ -51,6 +53,7 @@ from evoharness_agent.agents.llm_calls import (
     fill_arguments,
     write_answer,
 )
+from evoharness_agent.learning.checkpoints import DEFAULT_POLICY
 from evoharness_agent.logs.events import RANK_EVENT, RUN_EVENT, STEP_EVENT
 from evoharness_agent.policy import PolicySession, ToolPolicy, ToolScore
 from evoharness_agent.schema import (
@@ -93,6 +96,8 @@ class _Run:
     session: PolicySession | None
     started: float = field(default_factory=time.monotonic)
     steps: IntermediateSteps = field(default_factory=list)
+    failed: list[bool] = field(default_factory=list)
+    """Whether each of ``steps`` failed (tool error, invalid arguments, refusal)."""
     iterations: int = 0
     ranking: list[ToolScore] = field(default_factory=list)
     """The policy's latest ranking, best first."""
@@ -142,13 +147,20 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
     tools: Sequence[BaseTool]
     """The tools the agent may call."""
     policy: ToolPolicy | None = None
-    """The trained policy (or a path to its directory); optional only in ``llm`` mode."""
+    """The trained policy (or a path to its directory); none means the shipped general policy
+    (``"default"``), except in ``llm`` mode, which needs none."""
     mode: Literal["policy", "hybrid", "llm"] = "policy"
-    """Who chooses the tool: the policy, the LLM when the policy is unsure, or always the LLM."""
+    """Who chooses the tool: the policy, the LLM when the policy is unsure, or always the LLM.
+
+    The LLM may always answer instead (FINISH). In hybrid mode, an LLM choice that repeats a call
+    of the run that succeeded (same tool, same arguments) is taken as answering: small models copy
+    their last call instead of answering from its result (a booking made twice)."""
     confidence_threshold: float = Field(default=0.5, ge=0.0, le=1.0)
-    """In hybrid mode, the LLM decides when the policy's top probability is below this."""
+    """In hybrid mode, the LLM decides when the policy's top probability is below this. The
+    probability is calibrated: 0.9 hands over every choice of which fewer than about 90% are right."""
     top_k: int = Field(default=3, ge=1)
-    """In hybrid mode, how many of the policy's best tools the LLM chooses among."""
+    """In hybrid mode, how many of the policy's best options (FINISH included) the LLM sees as tools;
+    answering now is always one of its options."""
     guardrails: Guardrails | None = None
     """Allow-list, call budgets, confirmation of high-risk tools and the audit log."""
     system_prompt: str | None = None
@@ -185,9 +197,9 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
 
     @model_validator(mode="after")
     def _check(self) -> PolicyAgentExecutor:
-        """Check that the policy modes have a policy and that tool names are unique."""
+        """Give the policy modes the shipped policy when none was given; check that tool names are unique."""
         if self.mode != "llm" and self.policy is None:
-            raise ValueError(f"mode={self.mode!r} needs a trained policy (policy=ToolPolicy or its directory)")
+            self.policy = ToolPolicy.load(DEFAULT_POLICY)
         names = [tool.name for tool in self.tools]
         if len(set(names)) != len(names):
             raise ValueError(f"tool names must be unique, got {names}")
@@ -512,9 +524,16 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         return None
 
     def _from_choice(self, run: _Run, choice: LLMChoice, available: set[str]) -> _Finish | _Act:
-        """Turn the LLM's choice into a decision; an unknown tool is answered like `AgentExecutor` does."""
+        """Turn the LLM's choice into a decision; an unknown tool is answered like `AgentExecutor` does.
+
+        In hybrid mode, a successful call of the run chosen again with the same arguments is an answer.
+        """
         if choice.call is None:
             return _Finish(choice.answer or None)
+        if self.mode == "hybrid" and any(
+                not failed and action.tool == choice.call.tool and action.tool_input == choice.call.arguments
+                for (action, _), failed in zip(run.steps, run.failed, strict=True)):
+            return _Finish()  # its result is known already: answer from it
         known = {tool.name for tool in self.tools}
         probability = next((s.probability for s in run.ranking if s.tool == choice.call.tool), None)
         action = _action(choice.call, "llm", probability)
@@ -566,6 +585,7 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
     def _record(self, run: _Run, action: AgentAction, observation: Any, error: bool) -> Step | None:
         """Add the step to the run; return it as a native Step when its tool is one of ours."""
         run.steps.append((action, observation))
+        run.failed.append(error)
         if action.tool not in {tool.name for tool in self.tools}:
             return None  # "_Exception" or a name the LLM made up: not a choice the policy can learn
         arguments = action.tool_input if isinstance(action.tool_input, Mapping) else {"input": action.tool_input}

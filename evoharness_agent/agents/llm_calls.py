@@ -10,7 +10,9 @@ turns it into an observation); a reply with no usable arguments at all raises
 ``OutputParserException`` for the executor's ``handle_parsing_errors``.
 
 When the policy is unsure (hybrid mode) or not used (llm mode), :func:`choose_tool` lets the
-LLM pick among candidate tools, or answer in plain text, in the same call.
+LLM pick among candidate tools or answer now (FINISH), in the same call: with tool calling the
+tools are bound with ``tool_choice`` unset (LangChain's "auto": the model decides) and a reply
+without tool calls is the answer; in the JSON prompt FINISH is one of the listed options.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langchain_core.utils.json import parse_json_markdown
 from pydantic import BaseModel, ValidationError
 
-from evoharness_agent.schema import FINISH, invalid_arguments_text
+from evoharness_agent.schema import FINISH, FINISH_DESCRIPTION, invalid_arguments_text
 
 __all__ = [
     "LLMChoice",
@@ -62,7 +64,7 @@ CHOOSE_PROMPT = (
 )
 CHOOSE_JSON_PROMPT = (
     "You are an agent using tools. Pick the one tool that best serves the next step of the user's "
-    "request, or FINISH when the results so far are enough. The tools:\n{tools}\n"
+    "request, or FINISH when the results so far are enough. The options:\n{tools}\n"
     'Reply with one JSON object and nothing else: {{"tool": "<tool name or FINISH>", '
     '"arguments": {{...the tool\'s arguments...}}, "answer": "<the final answer, when the tool is FINISH>"}}'
 )
@@ -252,7 +254,7 @@ def _takes_arguments(tool: BaseTool) -> bool:
 
 
 class _Choose:
-    """One tool-choice exchange among candidate tools (answering is always allowed)."""
+    """One tool-choice exchange among candidate tools; answering now (FINISH) is always an option."""
 
     def __init__(self, llm: BaseChatModel, tools: Sequence[BaseTool], messages: Sequence[BaseMessage]) -> None:
         self.tools = {tool.name: tool for tool in tools}
@@ -260,8 +262,9 @@ class _Choose:
         self.json_mode = bound is None
         self.runnable: _ChatRunnable = llm if bound is None else bound
         if self.json_mode:
-            listing = "\n".join(f"- {t.name}: {t.description} Arguments schema: {_schema_json(t)}" for t in tools)
-            system = CHOOSE_JSON_PROMPT.format(tools=listing)
+            listing = [f"- {t.name}: {t.description} Arguments schema: {_schema_json(t)}" for t in tools]
+            listing.append(f"- {FINISH}: {FINISH_DESCRIPTION} No arguments; write the reply as the answer.")
+            system = CHOOSE_JSON_PROMPT.format(tools="\n".join(listing))
         else:
             system = CHOOSE_PROMPT
         self.messages = _with_system(system, messages)
@@ -283,9 +286,11 @@ class _Choose:
             picked = parse_json_markdown(reply.text)
         except (json.JSONDecodeError, ValueError, TypeError) as error:
             return f"not a JSON object ({_one_line(error)})"
+        if isinstance(picked, dict) and picked.get("tool") in (None, "") and isinstance(picked.get("answer"), str):
+            return LLMChoice(None, picked["answer"])  # an answer without the tool key: FINISH all the same
         if not isinstance(picked, dict) or not isinstance(picked.get("tool"), str):
             return 'expected a JSON object with a "tool" name'
-        if picked["tool"] == FINISH:
+        if picked["tool"].strip().upper() == FINISH:
             return LLMChoice(None, str(picked.get("answer") or ""))
         arguments = picked.get("arguments") or {}
         tool = self.tools.get(picked["tool"])
@@ -319,7 +324,12 @@ class _Choose:
 
 def choose_tool(llm: BaseChatModel, tools: Sequence[BaseTool], messages: Sequence[BaseMessage],
                 config: RunnableConfig | None = None) -> LLMChoice:
-    """Let the LLM call one of ``tools`` or answer, with one repair retry."""
+    """Let the LLM call one of ``tools`` or answer now (FINISH), with one repair retry.
+
+    With tool calling, ``tools`` are bound with ``tool_choice`` unset ("auto") and a reply
+    without tool calls is the answer; without, the JSON prompt lists FINISH among the options.
+    Without ``tools`` the LLM just answers.
+    """
     choose = _Choose(llm, tools, messages)
     reply = choose.runnable.invoke(choose.messages, config)
     read = choose.read(reply)

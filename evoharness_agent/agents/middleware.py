@@ -1,11 +1,19 @@
 """`PolicyToolSelectorMiddleware`: a trained policy narrows the tools of each `create_agent` model call.
 
 For LangChain v1 agents (``langchain.agents.create_agent``), where the model keeps choosing
-the tools: before each model call the policy ranks the offered tools from the conversation so
-far, the model sees only the ``top_k`` best, and when the policy is confident
-(``force_threshold``) the best tool is forced with ``tool_choice``. It is never forced twice in
-a row, and FINISH is never forced: a model forced to call a tool on every step cannot answer,
-and loops until the recursion limit.
+the tools: before each model call the policy ranks the offered tools and FINISH from the
+conversation so far, and
+
+* when FINISH is best and confident (``finish_threshold``), the model gets no tools at all, so
+  it answers;
+* when a tool is best and confident (``force_threshold``), that tool is forced with
+  ``tool_choice``, never twice in a row (a model forced to call a tool on every step cannot
+  answer, and loops until the recursion limit);
+* otherwise the model sees only the ``top_k`` best tools, and decides (``tool_choice`` unset:
+  it may call one or answer).
+
+The thresholds compare with the policy's probabilities, which are calibrated: a threshold of
+0.9 acts only on choices of which about 90% are right.
 
 Needs the ``langchain`` extra (``pip install 'evoharness-agent[langchain]'``); the rest of
 the package does not.
@@ -19,6 +27,7 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage
 
+from evoharness_agent.learning.checkpoints import DEFAULT_POLICY
 from evoharness_agent.logs.importers import LogFormatError, episode_from_messages
 from evoharness_agent.policy import ToolPolicy, ToolScore
 from evoharness_agent.schema import FINISH, Step
@@ -42,14 +51,18 @@ def conversation_state(messages: Sequence[BaseMessage]) -> tuple[str, list[Step]
 
 
 class PolicyToolSelectorMiddleware(AgentMiddleware):
-    """Show the model only the policy's best tools, and force the best one when the policy is sure.
+    """Show the model only the policy's best tools, force the best one or let it answer when the policy is sure.
 
     Args:
-        policy: a trained :class:`ToolPolicy` or its directory.
+        policy: a trained :class:`ToolPolicy` or its directory (default: the shipped general policy).
         top_k: how many of the policy's best tools the model sees.
         force_threshold: the policy probability from which its best tool is forced
-            (``None``: never force).
-        always_include: tool names the model always sees, ranked or not.
+            (``None``: never force). Probabilities are calibrated: 0.8 forces only choices of
+            which about 80% are right.
+        finish_threshold: the policy probability of FINISH, ranked best, from which the model
+            call gets no tools at all (not even ``always_include``) and so answers (``None``:
+            never). 0.8 stops only where about 80% of such stops are right.
+        always_include: tool names the model always sees, ranked or not (unless it answers).
 
     Example:
         .. code-block:: python
@@ -58,20 +71,25 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
 
     """
 
-    def __init__(self, policy: ToolPolicy | str | Path, *, top_k: int = 3, force_threshold: float | None = 0.8,
+    def __init__(self, policy: ToolPolicy | str | Path = DEFAULT_POLICY, *, top_k: int = 3,
+                 force_threshold: float | None = 0.8, finish_threshold: float | None = 0.8,
                  always_include: Sequence[str] = ()) -> None:
         super().__init__()
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
+        for name, threshold in (("force_threshold", force_threshold), ("finish_threshold", finish_threshold)):
+            if threshold is not None and not 0.0 <= threshold <= 1.0:
+                raise ValueError(f"{name} must be a probability in [0, 1] or None, got {threshold}")
         self.policy = policy if isinstance(policy, ToolPolicy) else ToolPolicy.load(policy)
         self.top_k = top_k
         self.force_threshold = force_threshold
+        self.finish_threshold = finish_threshold
         self.always_include = frozenset(always_include)
         self.last_ranking: list[ToolScore] = []
         """The ranking behind the latest model call (for inspection and tests)."""
 
     def select(self, request: ModelRequest) -> ModelRequest:
-        """Return the request with its tools narrowed (and the best tool forced when confident)."""
+        """Return the request without tools (confident FINISH), with the best tool forced, or narrowed."""
         tools = [tool for tool in request.tools if not isinstance(tool, dict)]
         state = conversation_state(request.messages)
         if not tools or state is None or request.tool_choice is not None:
@@ -79,10 +97,12 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
         task, steps = state
         ranking = self.policy.rank(task, steps, tools, available={tool.name for tool in tools})
         self.last_ranking = ranking
+        top = ranking[0]
+        if top.tool == FINISH and self.finish_threshold is not None and top.probability >= self.finish_threshold:
+            return request.override(tools=[], tool_choice=None)  # no tool to call: the model answers
         best = [score.tool for score in ranking if score.tool != FINISH][: self.top_k]
         keep = [tool for tool in tools if tool.name in best or tool.name in self.always_include]
         provider_tools = [tool for tool in request.tools if isinstance(tool, dict)]
-        top = ranking[0]
         previous = steps[-1].tool if steps and steps[-1].kind == "tool_call" else None
         force = (self.force_threshold is not None and top.tool != FINISH
                  and top.probability >= self.force_threshold and top.tool != previous)

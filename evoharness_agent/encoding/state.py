@@ -12,7 +12,10 @@ slot                  text
 features              calls since the request (scaled), whether the last call failed
 ====================  ======================================================================
 
-plus, per candidate tool, the pair features ``[called in this turn, called earlier]``.
+plus, per candidate tool, the pair features of :data:`PAIR_FEATURES`: what the history says about
+that tool (called in this turn, just called and it worked or failed, how often), whether the
+request names it, and whether its required identifiers are still unknown. They describe a tool
+by its relation to the state, never by its identity, so they carry over to tools never seen.
 
 Training (:func:`evoharness_agent.encoding.transitions.build_dataset`) and serving
 (:class:`evoharness_agent.policy.ToolPolicy`) both call :func:`state_parts`,
@@ -23,16 +26,23 @@ slots through :data:`REQUEST_SLOT` and :data:`PREVIOUS_TOOL_SLOT`. Nothing else 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import re
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from evoharness_agent.schema import FINISH, Episode, Step
+from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
 
 __all__ = [
     "FIXED_SLOTS",
     "N_PAIR_FEATURES",
+    "AVAILABLE",
+    "CALLED_IN_TURN",
+    "IS_FINISH",
+    "PAIR_FEATURES",
+    "STATE_LAYOUT_VERSION",
     "N_STATE_FEATURES",
     "PAD",
     "PREVIOUS_TOOL_SLOT",
@@ -54,8 +64,25 @@ REQUEST_SLOT = FIXED_SLOTS.index("request")
 PREVIOUS_TOOL_SLOT = FIXED_SLOTS.index("previous_tool")
 N_STATE_FEATURES = 2
 """Calls since the request (scaled) and whether the last call failed."""
-N_PAIR_FEATURES = 2
-"""Per tool: called in this turn, called earlier in the episode."""
+PAIR_FEATURES = (
+    "called_in_turn",      # called since the latest user message
+    "called_before",       # called anywhere earlier in the episode
+    "just_called_ok",      # the step right before this decision called it, and it worked
+    "just_called_failed",  # ... and it failed
+    "failed_in_turn",      # a call of it failed since the latest user message
+    "calls_in_turn",       # how often it was called in this turn (scaled, capped)
+    "named_in_request",    # the request names it (its name, or the words of its name)
+    "missing_ids",         # share of its required identifier arguments nothing so far has given
+    "available",           # it may be called now (the scorer compares a tool with the others available)
+    "is_finish",           # it is FINISH, "answer now"
+)
+"""Per (state, tool) features, in order."""
+N_PAIR_FEATURES = len(PAIR_FEATURES)
+AVAILABLE = PAIR_FEATURES.index("available")
+IS_FINISH = PAIR_FEATURES.index("is_finish")
+CALLED_IN_TURN = PAIR_FEATURES.index("called_in_turn")
+STATE_LAYOUT_VERSION = 3
+"""Stored in policy metadata: a policy trained on another layout must be retrained, not misread."""
 PAD = 0
 """Row 0 of every text table is the zero vector: an empty slot."""
 
@@ -109,6 +136,14 @@ class StateParts:
     """Tools called since the latest user message."""
     called_before: set[str]
     """Tools called anywhere earlier in the episode."""
+    calls_in_turn: Counter[str] = field(default_factory=Counter)
+    """How often each tool was called since the latest user message."""
+    failed_in_turn: set[str] = field(default_factory=set)
+    """Tools with a failed call since the latest user message."""
+    last_call: tuple[str, bool] | None = None
+    """(tool, failed) when the step right before this decision is a tool call."""
+    known_text: str = ""
+    """Lower-cased request, arguments and observations so far: what the agent already knows."""
 
     def slot_texts(self, tool_text: Callable[[str], str]) -> list[str | None]:
         """Return the text of each slot in order (``None`` for an empty one), history unpadded.
@@ -118,13 +153,62 @@ class StateParts:
         previous = tool_text(self.previous_tool) if self.previous_tool else None
         return [self.request, previous, self.task, *self.history]
 
-    def pair_features(self, names: Sequence[str]) -> list[list[float]]:
-        """Per-tool features ``[called in this turn, called earlier in the episode]``.
+    def pair_features(self, tools: Sequence[ToolSpec], available: Collection[str] | None = None) -> list[list[float]]:
+        """Return the :data:`PAIR_FEATURES` of each tool, in order (``available``: all of ``tools`` when ``None``).
 
-        Few real calls repeat a tool (in BFCL 5% repeat one from earlier in the episode),
-        a fact no state vector can express per tool; these two numbers let the scorer learn it.
+        Few real calls repeat a tool (in BFCL 5% repeat one from earlier in the episode), and
+        a call that just worked is almost never repeated at once: facts no state vector can
+        express per tool, and the loop a policy without them falls into.
         """
-        return [[float(n in self.called_in_turn), float(n in self.called_before)] for n in names]
+        request = self.request.lower()
+        request_words = set(_WORD.findall(request))
+        out = []
+        for tool in tools:
+            name = tool.name
+            just = self.last_call is not None and self.last_call[0] == name
+            out.append([
+                float(name in self.called_in_turn),
+                float(name in self.called_before),
+                float(just and not self.last_call[1]) if self.last_call else 0.0,
+                float(just and self.last_call[1]) if self.last_call else 0.0,
+                float(name in self.failed_in_turn),
+                min(self.calls_in_turn[name], 5) / 5.0,
+                _named_in(name, request, request_words),
+                _missing_ids(tool, self.known_text),
+                float(available is None or name in available or name == FINISH),
+                float(name == FINISH),
+            ])
+        return out
+
+
+_WORD = re.compile(r"[a-z0-9]+")
+_NAME_PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+_GENERIC_WORDS = frozenset({"get", "set", "the", "for", "and", "with", "from", "list", "info", "data", "api", "tool"})
+_ID_ARGUMENT = re.compile(r"(?:^|_)(?:id|ids|uuid|token|key)$|[a-z]Id$|ID$")
+
+
+def _named_in(name: str, request: str, request_words: set[str]) -> float:
+    """Return 1 when the request contains the tool's name, else the share of its name's words it contains."""
+    if name.lower() in request:
+        return 1.0
+    words = [w.lower() for w in _NAME_PARTS.findall(name)]
+    words = [w for w in words if len(w) >= 3 and w not in _GENERIC_WORDS]
+    if not words:
+        return 0.0
+    # A word counts when the request has it, or a word sharing its first five letters (book/booking).
+    found = sum(w in request_words or any(r[:5] == w[:5] for r in request_words if len(r) >= 5 and len(w) >= 5)
+                for w in words)
+    return found / len(words)
+
+
+def _missing_ids(tool: ToolSpec, known_text: str) -> float:
+    """Return the share of the tool's required identifier arguments not mentioned in ``known_text``."""
+    required = tool.parameters.get("required") or []
+    ids = [arg for arg in required if isinstance(arg, str) and _ID_ARGUMENT.search(arg)]
+    if not ids:
+        return 0.0
+    missing = [arg for arg in ids if arg.lower() not in known_text and arg.lower().replace("_", " ") not in known_text]
+    return len(missing) / len(ids)
 
 
 @dataclass
@@ -141,9 +225,13 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     history: list[str] = []
     in_turn: set[str] = set()
     before: set[str] = set()
+    counts: Counter[str] = Counter()
+    failed: set[str] = set()
+    known = [task]
     for step in prefix:
         if step.kind == "user":
-            request, calls_since_request, in_turn = step.content, 0, set()
+            request, calls_since_request, in_turn, counts, failed = step.content, 0, set(), Counter(), set()
+            known.append(step.content)
             continue
         history.append(step_text(step))
         if step.kind == "tool_call" and step.tool:
@@ -152,8 +240,15 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
             previous_tool = step.tool
             in_turn.add(step.tool)
             before.add(step.tool)
+            counts[step.tool] += 1
+            if step.error:
+                failed.add(step.tool)
+            known += [json.dumps(step.arguments, ensure_ascii=False, default=str), step.observation]
+    last = prefix[-1] if prefix else None
+    last_call = (last.tool, last.error) if last is not None and last.kind == "tool_call" and last.tool else None
     features = [min(calls_since_request, 20) / 10.0, last_error]
-    return StateParts(task, request, history[::-1][:history_window], features, previous_tool, in_turn, before)
+    return StateParts(task, request, history[::-1][:history_window], features, previous_tool, in_turn, before,
+                      counts, failed, last_call, "\n".join(known).lower())
 
 
 def decisions(episode: Episode, history_window: int) -> list[Decision]:

@@ -15,7 +15,15 @@ import numpy as np
 import torch
 
 from evoharness_agent.encoding.embedder import StateEncoder
-from evoharness_agent.encoding.state import N_STATE_FEATURES, decisions, gather_states, n_slots, state_dim, state_rows
+from evoharness_agent.encoding.state import (
+    N_PAIR_FEATURES,
+    N_STATE_FEATURES,
+    decisions,
+    gather_states,
+    n_slots,
+    state_dim,
+    state_rows,
+)
 from evoharness_agent.rewards import RewardConfig, shape_rewards
 from evoharness_agent.schema import FINISH, Episode, ToolSpec, finish_spec
 
@@ -64,7 +72,7 @@ class Batch:
     masks: torch.Tensor
     next_masks: torch.Tensor
     pairs: torch.Tensor | None = None
-    """``(B, N, 2)`` per-tool features (see :meth:`StateParts.pair_features`), if the data has them."""
+    """``(B, N, F)`` per-tool features (:data:`~evoharness_agent.encoding.state.PAIR_FEATURES`)."""
     next_pairs: torch.Tensor | None = None
 
 
@@ -106,9 +114,27 @@ class TransitionDataset:
             dones=take("dones"),
             masks=take("masks"),
             next_masks=take("next_masks"),
-            pairs=take("pairs").float() if "pairs" in t else None,
-            next_pairs=take("next_pairs").float() if "pairs" in t else None,
+            pairs=self.pairs(index),
+            next_pairs=self.pairs(take("following")),
         )
+
+    def pairs(self, index: torch.Tensor) -> torch.Tensor:
+        """Return the dense ``(len(index), N, F)`` pair features of the transitions at ``index``.
+
+        They are stored sparsely (one row per available tool with a non-zero feature): dense,
+        they would take transitions x tools x features, and the general data has thousands of tools.
+        """
+        t = self.tensors
+        offsets, tools, values = t["pair_offsets"], t["pair_tools"], t["pair_values"]
+        starts, counts = offsets.index_select(0, index), (offsets[1:] - offsets[:-1]).index_select(0, index)
+        dense = torch.zeros((index.shape[0], len(self.tools.specs), N_PAIR_FEATURES), device=values.device)
+        total = int(counts.sum())
+        if total:
+            owner = torch.repeat_interleave(torch.arange(index.shape[0], device=index.device), counts)
+            first = torch.cumsum(counts, 0) - counts
+            entry = torch.repeat_interleave(starts - first, counts) + torch.arange(total, device=index.device)
+            dense[owner, tools.index_select(0, entry)] = values.index_select(0, entry)
+        return dense
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None,
                subset: torch.Tensor | None = None) -> Batch:
@@ -142,7 +168,10 @@ def build_dataset(
     def tool_text(name: str) -> str:
         return tools.specs[tools.index[name]].text()
 
-    rows, features, actions, rewards, dones, masks, pairs, episode_ids = [], [], [], [], [], [], [], []
+    rows, features, actions, rewards, dones, masks, episode_ids = [], [], [], [], [], [], []
+    pair_counts: list[int] = []
+    pair_tools: list[int] = []
+    pair_values: list[list[float]] = []
     for episode_id, episode in enumerate(episodes):
         points = decisions(episode, history_window)
         shaped = shape_rewards(episode, reward_config)
@@ -152,7 +181,11 @@ def build_dataset(
             actions.append(tools.index[point.action])
             rewards.append(reward)
             masks.append(tools.mask(point.available))
-            pairs.append(point.pair_features(tools.names))
+            candidates = sorted(tools.index[name] for name in point.available if name in tools.index)
+            kept = list(zip(candidates, point.pair_features([tools.specs[i] for i in candidates]), strict=True))
+            pair_counts.append(len(kept))
+            pair_tools += [tool for tool, _ in kept]
+            pair_values += [values for _, values in kept]
             episode_ids.append(episode_id)
         dones.extend([False] * (len(points) - 1) + [True] * bool(points))
 
@@ -168,7 +201,6 @@ def build_dataset(
     feature_tensor = torch.tensor(features, dtype=torch.float32).reshape(n, N_STATE_FEATURES)
     done_tensor = torch.tensor(dones, dtype=torch.bool)
     mask_tensor = torch.stack(masks) if masks else torch.zeros((0, len(tools.specs)), dtype=torch.bool)
-    pair_tensor = torch.tensor(pairs, dtype=torch.bool).reshape(n, len(tools.specs), 2)
     # The next state of a transition is the following row; a terminal one points at itself
     # and is ignored through ``dones``.
     following = torch.arange(n) + 1
@@ -183,8 +215,10 @@ def build_dataset(
         "next_rows": row_tensor[following],
         "next_features": feature_tensor[following],
         "next_masks": mask_tensor[following],
-        "pairs": pair_tensor,
-        "next_pairs": pair_tensor[following],
+        "following": following,
+        "pair_offsets": torch.tensor([0, *np.cumsum(pair_counts, dtype=np.int64)], dtype=torch.long),
+        "pair_tools": torch.tensor(pair_tools, dtype=torch.long),
+        "pair_values": torch.tensor(pair_values, dtype=torch.float32).reshape(-1, N_PAIR_FEATURES),
         "episode_ids": torch.tensor(episode_ids, dtype=torch.long),
     }
     return TransitionDataset(table, tools, tensors, history_window)

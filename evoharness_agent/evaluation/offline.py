@@ -12,6 +12,11 @@ Baselines, fit on ``baseline_episodes`` (by default the policy's training logs):
 * ``bigram``: how often a tool followed the previous tool call (ties broken by frequency);
 * ``embedding_similarity``: cosine of the current user message and the tool's name+description.
 
+Calibration is measured on live decisions: at every logged decision (tool calls and
+replies), the policy's top choice among every available action, FINISH included, its
+probability (with the policy's temperature, as :class:`~evoharness_agent.policy.ToolScore`
+has it) and whether it is the logged action.
+
 The counts live in :mod:`~evoharness_agent.evaluation.baselines`, the renderings (table, plot) in
 :mod:`~evoharness_agent.evaluation.reports`.
 """
@@ -30,6 +35,7 @@ import numpy as np
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.state import Decision, decisions
 from evoharness_agent.evaluation.baselines import CountBaselines
+from evoharness_agent.learning.calibration import CalibrationReport, calibration_report, softmax_with_temperature
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import FINISH, Episode
 
@@ -84,13 +90,15 @@ class OfflineReport:
     metrics: dict[str, dict[str, float]]
     finish_accuracy: float
     n_finish_decisions: int
+    calibration: CalibrationReport
+    """The policy's top choice at every decision (FINISH among the candidates), as live."""
     confusion: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON document written by ``evaluate --json``."""
         return {"n_decisions": self.n_decisions, "metrics": self.metrics,
                 "finish_accuracy": self.finish_accuracy, "n_finish_decisions": self.n_finish_decisions,
-                "confusion": self.confusion}
+                "confusion": self.confusion, "calibration": self.calibration.to_json()}
 
     def write_json(self, path: str | Path) -> None:
         """Write :meth:`to_json` to ``path``."""
@@ -110,21 +118,29 @@ def evaluate_offline(
     tallies = {name: _Tally() for name in ("policy", *BASELINES)}
     confusion: dict[str, Counter[str]] = defaultdict(Counter)
     finish_hits = finish_n = 0
+    confidence: list[float] = []
+    correct: list[bool] = []
     for episode in episodes:
         points: list[Decision] = decisions(episode, policy.history_window)
         if not points:
             continue
         prefixes = [i for i, step in enumerate(episode.steps) if step.is_decision]
         names, policy_scores = policy.score_matrix(
-            [(episode.task, episode.steps[:i]) for i in prefixes], episode.tools)
+            [(episode.task, episode.steps[:i]) for i in prefixes], episode.tools,
+            available=[point.available for point in points])
         tool_vectors = encoder.embed([spec.text() for spec in episode.tools])
         request_vectors = encoder.embed([p.request for p in points])
         finish = names.index(FINISH)
         for row, point in enumerate(points):
             available = np.array([n in point.available for n in names])
+            probabilities = softmax_with_temperature(np.where(available, policy_scores[row], -np.inf),
+                                                     policy.temperature)
+            top = int(np.argmax(probabilities))
             finish_n += 1
-            finish_hits += (names[int(np.argmax(np.where(available, policy_scores[row], -np.inf)))] == FINISH) == (
-                point.action == FINISH)
+            finish_hits += (names[top] == FINISH) == (point.action == FINISH)
+            if point.action in names:  # a logged tool outside the tool list cannot be chosen
+                confidence.append(float(probabilities[top]))
+                correct.append(names[top] == point.action)
             if point.action == FINISH:
                 continue
             candidates = available.copy()
@@ -148,4 +164,5 @@ def evaluate_offline(
         finish_accuracy=finish_hits / max(finish_n, 1),
         n_finish_decisions=finish_n,
         confusion={gold: dict(pred.most_common()) for gold, pred in sorted(confusion.items())},
+        calibration=calibration_report(confidence, correct),
     )

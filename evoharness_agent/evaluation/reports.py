@@ -18,8 +18,10 @@ if TYPE_CHECKING:
     # Annotations only: OnlineReport's own renderings call this module.
     from evoharness_agent.evaluation.offline import OfflineReport
     from evoharness_agent.evaluation.online import EpisodeResult, OnlineReport
+    from evoharness_agent.learning.calibration import CalibrationReport
 
-__all__ = ["online_markdown", "plot_online_report", "plot_report", "print_online_report", "print_report"]
+__all__ = ["online_markdown", "plot_calibration", "plot_online_report", "plot_report", "print_online_report",
+           "print_report"]
 
 
 def print_report(report: OfflineReport, title: str, console: Console | None = None) -> None:
@@ -33,6 +35,10 @@ def print_report(report: OfflineReport, title: str, console: Console | None = No
                       style="bold green" if name == "policy" else None)
     console.print(table)
     console.print(f"policy FINISH accuracy: {report.finish_accuracy:.3f} over {report.n_finish_decisions} decisions")
+    calibration = report.calibration
+    console.print(f"policy calibration over {calibration.n_decisions} decisions (FINISH among the candidates): "
+                  f"ECE {calibration.ece:.3f}, coverage at 95% accuracy {calibration.coverage_at_95:.3f}, "
+                  f"accuracy {calibration.accuracy:.3f}, mean confidence {calibration.mean_confidence:.3f}")
 
 
 def plot_report(report: OfflineReport, path: str | Path, title: str = "next-tool prediction") -> None:
@@ -56,6 +62,35 @@ def plot_report(report: OfflineReport, path: str | Path, title: str = "next-tool
                      for pred, n in row.items() if pred != gold), reverse=True)[:10]
     confused.barh([f"{gold} → {pred}" for _, gold, pred in errors][::-1], [n for n, _, _ in errors][::-1])
     confused.set_title("policy: most frequent confusions (gold → top-1)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_calibration(report: CalibrationReport, path: str | Path, title: str = "policy") -> None:
+    """Save a PNG: the reliability diagram, and accuracy against coverage (most confident first)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (reliability, curve) = plt.subplots(1, 2, figsize=(11, 4.5))
+    filled = [b for b in report.bins if b["n"]]
+    reliability.bar([b["low"] for b in filled], [b["accuracy"] for b in filled],
+                    [b["high"] - b["low"] for b in filled], align="edge", edgecolor="black", label="accuracy")
+    reliability.plot([b["confidence"] for b in filled], [b["accuracy"] for b in filled], "o", color="tab:red",
+                     label="(mean confidence, accuracy)")
+    reliability.plot([0, 1], [0, 1], "--", color="gray", label="calibrated")
+    reliability.set(xlim=(0, 1), ylim=(0, 1), xlabel="top-choice probability", ylabel="accuracy",
+                    title=f"{title}: reliability (ECE {report.ece:.3f}, {report.n_decisions} decisions)")
+    reliability.legend(loc="upper left")
+    curve.plot([p["coverage"] for p in report.curve], [p["accuracy"] for p in report.curve])
+    curve.axhline(0.95, linestyle="--", color="gray", label="95% accuracy")
+    curve.axvline(report.coverage_at_95, linestyle=":", color="tab:red",
+                  label=f"coverage at 95%: {report.coverage_at_95:.2f}")
+    curve.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="coverage (share of decisions taken, most confident first)",
+              ylabel="accuracy", title="accuracy vs coverage")
+    curve.legend(loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

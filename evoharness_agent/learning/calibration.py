@@ -12,15 +12,23 @@ with probability about 0.9, about 90% are right.
   equal-width confidence bins, weighted by how many decisions fall in each;
 * :func:`coverage_at_accuracy`: the largest share of decisions, most confident first, whose
   accuracy is still at least the target (0.95: the share the policy can take at <= 5% error).
+
+:func:`fit_calibration` is what training calls: it fits ``T`` on the validation transitions and
+returns the ``"calibration"`` entry of the policy metadata, which ``ToolPolicy`` reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
+
+from evoharness_agent.encoding.transitions import TransitionDataset
+from evoharness_agent.learning.algorithms import Algorithm
+from evoharness_agent.learning.networks import masked_scores
 
 __all__ = [
     "CalibrationReport",
@@ -28,8 +36,10 @@ __all__ = [
     "calibration_report",
     "coverage_at_accuracy",
     "expected_calibration_error",
+    "fit_calibration",
     "fit_temperature",
     "reliability_bins",
+    "softmax_with_temperature",
 ]
 
 N_BINS = 15
@@ -127,6 +137,8 @@ class CalibrationReport:
     coverage_at_95: float
     """Largest share of decisions (most confident first) that is still >= 95% right."""
     bins: list[dict[str, float]]
+    curve: list[dict[str, float]]
+    """Points of :func:`accuracy_coverage_curve` ({"coverage", "accuracy"}), at most ~100 of them."""
 
     def to_json(self) -> dict[str, object]:
         """Return the report as JSON-ready data."""
@@ -143,4 +155,50 @@ def calibration_report(confidence: Sequence[float], correct: Sequence[bool]) -> 
         ece=expected_calibration_error(confidence, correct),
         coverage_at_95=coverage_at_accuracy(confidence, correct, 0.95),
         bins=reliability_bins(confidence, correct),
+        curve=[{"coverage": float(c), "accuracy": float(a)} for c, a in zip(*_thin(confidence, correct), strict=True)],
     )
+
+
+def _thin(confidence: Sequence[float], correct: Sequence[bool], points: int = 100) -> tuple[np.ndarray, np.ndarray]:
+    """Return the accuracy-coverage curve, thinned to its first point at or past each of ``points`` coverages."""
+    coverage, accuracy = accuracy_coverage_curve(confidence, correct)
+    if coverage.size == 0:
+        return coverage, accuracy
+    keep = np.unique(np.searchsorted(coverage, np.linspace(0.0, 1.0, points + 1)[1:] - 1e-12))
+    return coverage[keep], accuracy[keep]
+
+
+def softmax_with_temperature(scores: np.ndarray, temperature: float) -> np.ndarray:
+    """Return ``softmax(scores / temperature)`` along the last axis (``-inf`` scores get 0)."""
+    scaled = np.asarray(scores, dtype=np.float64) / temperature
+    weights = np.exp(scaled - scaled.max(axis=-1, keepdims=True))
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+@torch.no_grad()
+def fit_calibration(algorithm: Algorithm, dataset: TransitionDataset, index: torch.Tensor) -> dict[str, Any]:
+    """Fit ``T`` on the transitions ``index`` (the validation split); return the policy's "calibration" metadata.
+
+    Every transition is a live decision: the scores cover every available action, FINISH
+    included. ``accuracy`` is the top choice's, ``ece_before`` the ECE of ``softmax(scores)``,
+    ``ece_after`` and ``coverage_at_95`` those of ``softmax(scores / T)``, all on these
+    decisions. Leaves the algorithm in eval mode (dropout off), as a policy acts.
+    """
+    if index.numel() == 0:
+        return {"temperature": 1.0, "n_decisions": 0, "accuracy": None, "ece_before": None, "ece_after": None,
+                "coverage_at_95": None,
+                "note": "no validation episodes (val_fraction 0): not calibrated, probabilities are softmax(scores)"}
+    algorithm.set_training(False)
+    batch = dataset.batch(index.to(dataset.tensors["actions"].device))
+    scores = algorithm.scores(batch.states, batch.pairs).float().cpu()
+    mask, actions = batch.masks.cpu(), batch.actions.cpu()
+    temperature = fit_temperature(scores, actions, mask)
+
+    def top_choices(t: float) -> tuple[list[float], list[bool]]:
+        confidence, choice = torch.softmax(masked_scores(scores / t, mask), dim=-1).max(1)
+        return confidence.tolist(), (choice == actions).tolist()
+
+    before, after = top_choices(1.0), top_choices(temperature)
+    return {"temperature": temperature, "n_decisions": len(actions), "accuracy": float(np.mean(after[1])),
+            "ece_before": expected_calibration_error(*before), "ece_after": expected_calibration_error(*after),
+            "coverage_at_95": coverage_at_accuracy(*after, 0.95)}

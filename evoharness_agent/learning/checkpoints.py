@@ -15,18 +15,21 @@ import json
 import os
 import shutil
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from evoharness_agent.encoding.state import STATE_LAYOUT_VERSION
 from evoharness_agent.learning.algorithms import Algorithm, Dims, ToolInputs, make_algorithm
 from evoharness_agent.learning.networks import NetworkConfig
 from evoharness_agent.runtime import atomic_write_bytes, atomic_write_with
 
 __all__ = [
     "CHECKPOINT",
+    "DEFAULT_POLICY",
     "POLICY_META",
     "POLICY_WEIGHTS",
     "build_algorithm",
@@ -35,11 +38,15 @@ __all__ = [
     "load_checkpoint",
     "load_policy",
     "read_policy_meta",
+    "resolve_policy_dir",
     "save_checkpoint",
     "save_policy",
+    "shipped_policy_dir",
     "unflatten_modules",
 ]
 
+DEFAULT_POLICY = "default"
+"""The name that stands for the general policy shipped inside the package."""
 POLICY_WEIGHTS = "policy.safetensors"
 POLICY_META = "policy.json"
 CHECKPOINT = "checkpoint"
@@ -60,12 +67,36 @@ def unflatten_modules(tensors: Mapping[str, torch.Tensor]) -> dict[str, dict[str
     return state
 
 
+def shipped_policy_dir() -> Path:
+    """Return the folder of the general policy shipped inside the package (package data)."""
+    return Path(str(resources.files("evoharness_agent").joinpath("trained", DEFAULT_POLICY)))
+
+
+def resolve_policy_dir(path: str | Path) -> Path:
+    """Return ``path`` as a policy folder; ``"default"`` (when no such folder exists here) is the shipped one."""
+    if str(path) == DEFAULT_POLICY and not Path(path).is_dir():
+        return shipped_policy_dir()
+    return Path(path)
+
+
 def read_policy_meta(path: str | Path) -> dict[str, Any]:
-    """Return a policy directory's metadata, or raise a clear error when ``path`` is not one."""
-    meta_file = Path(path) / POLICY_META
+    """Return a policy directory's metadata, or raise a clear error when ``path`` is not one of ours.
+
+    Raises:
+        FileNotFoundError: ``path`` has no ``policy.json``.
+        ValueError: the policy was trained on another state layout (it would read states wrongly).
+
+    """
+    meta_file = resolve_policy_dir(path) / POLICY_META
     if not meta_file.exists():
         raise FileNotFoundError(f"{path}: not a policy directory (no {POLICY_META})")
-    return json.loads(meta_file.read_text())
+    meta = json.loads(meta_file.read_text())
+    layout = meta.get("state_layout", 1)
+    if layout != STATE_LAYOUT_VERSION:
+        raise ValueError(f"{meta_file}: field 'state_layout': the policy was trained on state layout {layout}, "
+                         f"this version of evoharness-agent builds layout {STATE_LAYOUT_VERSION}; "
+                         "train it again on its logs")
+    return meta
 
 
 def build_algorithm(meta: Mapping[str, Any], tool_embeddings: torch.Tensor) -> Algorithm:
@@ -88,7 +119,7 @@ def load_policy(path: str | Path, device: str) -> tuple[Algorithm, dict[str, Any
     """Load a policy directory's acting networks onto ``device``; return (algorithm, metadata)."""
     meta = read_policy_meta(path)
     algorithm = build_algorithm(meta, torch.zeros((0, int(meta["tool_dim"]))))
-    state = unflatten_modules(load_file(str(Path(path) / POLICY_WEIGHTS), device="cpu"))
+    state = unflatten_modules(load_file(str(resolve_policy_dir(path) / POLICY_WEIGHTS), device="cpu"))
     for name in meta["acting"]:
         algorithm.modules[name].load_state_dict(state[name])
     return algorithm.to(device), meta
@@ -101,7 +132,7 @@ def initialise_from(algorithm: Algorithm, init: str | Path, known_tools: list[st
     and every target network starts equal to its source.
     """
     meta = read_policy_meta(init)
-    state = unflatten_modules(load_file(str(Path(init) / POLICY_WEIGHTS)))
+    state = unflatten_modules(load_file(str(resolve_policy_dir(init) / POLICY_WEIGHTS)))
     old_rows = {name: i for i, name in enumerate(meta["known_tools"])}
     for source in meta["acting"]:
         targets = [source] + (["q1", "q2"] if source == "q" else []) + (["imitation"] if source == "policy" else [])

@@ -47,6 +47,10 @@ class DataSection(_Section):
     skip_invalid: bool = False
     default_reward: float | None = None
     val_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
+    distractors: int = Field(default=0, ge=0)
+    """Tools of other episodes added to each episode's tool list (see :mod:`evoharness_agent.learning.augment`)."""
+    answer_only_share: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Share of the episodes that never call a tool to train on (see :mod:`evoharness_agent.learning.augment`)."""
 
 
 class AlgorithmSection(_Section):

@@ -23,12 +23,20 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from evoharness_agent.encoding.state import N_PAIR_FEATURES, PREVIOUS_TOOL_SLOT, REQUEST_SLOT
+from evoharness_agent.encoding.state import (
+    AVAILABLE,
+    CALLED_IN_TURN,
+    IS_FINISH,
+    N_PAIR_FEATURES,
+    PREVIOUS_TOOL_SLOT,
+    REQUEST_SLOT,
+)
 
 __all__ = ["NetworkConfig", "StateValue", "ToolScorer", "masked_log_softmax", "masked_scores"]
 
 SCALAR_GAIN = 10.0  # Adam moves every parameter ~lr per step; the few scalar score offsets
 # (per-tool bias, pair weights) are multiplied by this so they learn as fast as the towers.
+N_CONTEXT_FEATURES = 2  # see ToolScorer.context_features
 NEG_INF = -1e9  # finite on purpose: bf16 and softmax stay NaN-free when a row is all masked
 
 
@@ -80,6 +88,7 @@ class ToolScorer(nn.Module):
             nn.init.zeros_(self.bias.weight)
         self.scale = 1.0 / math.sqrt(config.hidden)
         self.pair_weight = nn.Parameter(torch.zeros(N_PAIR_FEATURES))
+        self.context_weight = nn.Parameter(torch.zeros(N_CONTEXT_FEATURES))
 
     def encode_tools(self, tool_embeddings: torch.Tensor, tool_ids: torch.Tensor | None) -> torch.Tensor:
         """Return ``(N, k)`` tool features: tower output, the two bilinear maps' images, bias."""
@@ -109,13 +118,36 @@ class ToolScorer(nn.Module):
             states: ``(B, S)`` gathered state vectors.
             tool_embeddings: ``(N, E)`` name+description embeddings of the tools to score.
             tool_ids: ``(N,)`` rows of the per-tool bias table, ``-1`` for unknown tools.
-            pairs: ``(B, N, 2)`` per-(state, tool) features, e.g. "already called".
+            pairs: ``(B, N, F)`` per-(state, tool) features (``encoding.state.PAIR_FEATURES``).
 
         """
         scores = self.encode_states(states) @ self.encode_tools(tool_embeddings, tool_ids).T
         if pairs is not None:
-            scores = scores + pairs.to(scores.dtype) @ (self.pair_weight * SCALAR_GAIN).to(scores.dtype)
+            pairs = pairs.to(scores.dtype)
+            scores = scores + pairs @ (self.pair_weight * SCALAR_GAIN).to(scores.dtype)
+            context = self.context_features(states, tool_embeddings, pairs).to(scores.dtype)
+            scores = scores + context @ (self.context_weight * SCALAR_GAIN).to(scores.dtype)
         return scores
+
+    def context_features(self, states: torch.Tensor, tool_embeddings: torch.Tensor,
+                         pairs: torch.Tensor) -> torch.Tensor:
+        """Return ``(B, N, 2)`` features that compare each tool with the others available.
+
+        A tool's request similarity means little alone: unseen domains shift every score.
+        What carries over is how it compares: ``[similarity - best similarity among the
+        available tools not yet called in this turn (real tools), that best similarity (FINISH)]``.
+        A request that still matches an uncalled tool well is not done; one that matches none
+        (or only tools already called) is.
+        """
+        d = self.tool_dim
+        request = states[:, REQUEST_SLOT * d : (REQUEST_SLOT + 1) * d].float()
+        similarity = request @ tool_embeddings.float().T  # cosine: both sides are unit vectors
+        finish = pairs[..., IS_FINISH].float()
+        open_tools = pairs[..., AVAILABLE].float() * (1.0 - finish) * (1.0 - pairs[..., CALLED_IN_TURN].float())
+        best = torch.where(open_tools > 0, similarity, torch.full_like(similarity, -1.0)).max(dim=1).values
+        best = best.clamp(min=0.0)  # no open tool: nothing left that fits
+        relative = (similarity - best[:, None]) * open_tools
+        return torch.stack([relative, best[:, None] * finish], dim=-1)
 
 
 class StateValue(nn.Module):

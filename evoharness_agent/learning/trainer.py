@@ -23,8 +23,11 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.encoding.state import STATE_LAYOUT_VERSION
 from evoharness_agent.encoding.transitions import TransitionDataset, build_dataset
 from evoharness_agent.learning.algorithms import Algorithm, Dims, ToolInputs, make_algorithm
+from evoharness_agent.learning.augment import thin_answer_only, with_distractors
+from evoharness_agent.learning.calibration import fit_calibration
 from evoharness_agent.learning.checkpoints import (
     initialise_from,
     load_checkpoint,
@@ -39,7 +42,7 @@ from evoharness_agent.logs.importers import load_episodes
 from evoharness_agent.runtime import atomic_write_bytes, pick_device
 from evoharness_agent.schema import FINISH, Episode
 
-__all__ = ["TrainResult", "set_threads", "split_episodes", "train", "train_on_episodes"]
+__all__ = ["TrainResult", "set_threads", "split_episodes", "task_group", "train", "train_on_episodes"]
 
 def set_threads(threads: int | None) -> None:
     """Use ``threads`` CPU threads (default: 1 on machines with ≤ 2 cores, else up to 8)."""
@@ -47,13 +50,37 @@ def set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads or (1 if cores <= 2 else min(cores, 8)))
 
 
+def task_group(episode: Episode, position: int) -> str:
+    """Return the task an episode belongs to: runs of one task must not straddle train and validation.
+
+    BFCL's four variants rewrite the same scenario and the gpt-4o logs hold four runs of each
+    task; a validation split by episode would validate on tasks the policy trained on (and fit
+    an over-confident temperature). Episodes without a task key in their metadata
+    (``scenario``, ``task_index`` or ``task_id``) are their own group.
+    """
+    metadata = episode.metadata
+    for key in ("scenario", "task_index", "task_id"):
+        if key in metadata:
+            return f"{metadata.get('domain', metadata.get('benchmark', ''))}:{key}={metadata[key]}"
+    return f"#{position}"
+
+
 def split_episodes(episodes: Sequence[Episode], val_fraction: float, seed: int) -> tuple[
         list[int], list[int]]:
-    """Split episode indices into train and validation, by episode, reproducibly."""
-    order = list(range(len(episodes)))
+    """Split episode indices into train and validation by task (:func:`task_group`), reproducibly."""
+    groups: dict[str, list[int]] = {}
+    for position, episode in enumerate(episodes):
+        groups.setdefault(task_group(episode, position), []).append(position)
+    order = list(groups.values())
     random.Random(seed).shuffle(order)
-    n_val = int(round(len(order) * val_fraction)) if len(order) > 1 else 0
-    return sorted(order[n_val:]), sorted(order[:n_val])
+    wanted = int(round(len(episodes) * val_fraction)) if len(order) > 1 else 0
+    val: list[int] = []
+    for members in order:
+        if len(val) >= wanted:
+            break
+        val += members
+    taken = set(val)
+    return [i for i in range(len(episodes)) if i not in taken], sorted(val)
 
 
 class TrainResult(dict):
@@ -109,6 +136,8 @@ def train_on_episodes(
     encoder = encoder or StateEncoder(config.model.encoder, max_seq_length=config.model.max_seq_length)
     encoded_before = encoder.n_encoded  # a caller's encoder may have encoded texts already
     rewards = config.rewards.reward_config()
+    episodes = thin_answer_only(episodes, config.data.answer_only_share, seed=config.training.seed)
+    episodes = with_distractors(episodes, config.data.distractors, seed=config.training.seed)
     dataset = build_dataset(episodes, encoder, history_window=config.model.history_window,
                             reward_config=rewards, show_progress=show_progress)
     if len(dataset) == 0:
@@ -128,7 +157,8 @@ def train_on_episodes(
         "algorithm": config.algorithm.name, "params": config.algorithm.params,
         "network": asdict(network), "encoder": config.model.encoder,
         "max_seq_length": config.model.max_seq_length, "history_window": config.model.history_window,
-        "state_dim": dims.state_dim, "tool_dim": dims.tool_dim, "known_tools": dataset.tools.names,
+        "state_layout": STATE_LAYOUT_VERSION, "state_dim": dims.state_dim, "tool_dim": dims.tool_dim,
+        "known_tools": dataset.tools.names,
         "config": config.model_dump(),
     }
     generator = torch.Generator(device=device).manual_seed(config.training.seed)
@@ -180,7 +210,8 @@ def train_on_episodes(
         writer.close()
     result = TrainResult(metrics, n_episodes=len(episodes), n_transitions=len(dataset),
                          n_encoded=encoder.n_encoded - encoded_before, out=str(out))
-    save_policy(out, algorithm, {**meta, "metrics": dict(result)})
+    calibration = fit_calibration(algorithm, dataset, val_index)  # T for ToolPolicy's probabilities
+    save_policy(out, algorithm, {**meta, "metrics": dict(result), "calibration": calibration})
     atomic_write_bytes(log_file, json.dumps(history).encode())
     return result
 

@@ -3,7 +3,8 @@
 It lets the demo, the examples and the integration tests run with no API key and no
 network. The executor uses it in two ways: to FILL the arguments of a tool that the learned
 policy already chose (``llm.bind_tools([tool], tool_choice=tool.name)``), and to write the
-final answer in plain text. It can also choose among several tools (hybrid mode) and return
+final answer in plain text. It can also choose among several tools or answer instead (hybrid
+mode, ``create_agent``: ``tool_choice`` "auto" or unset lets the model decide), and return
 structured output.
 
 One module per job:
@@ -22,6 +23,7 @@ package imports without it. The sub-package imports nothing else of ours but
 
 from evoharness_agent.local_llm.chat_model import LocalChatModel
 from evoharness_agent.local_llm.prompting import (
+    answer_option,
     build_choice_schema,
     build_grammar,
     build_route_schema,
@@ -50,6 +52,7 @@ __all__ = [
     "LocalModelError",
     "ModelIntegrityError",
     "ModelSpec",
+    "answer_option",
     "assemble_chunks",
     "available_cores",
     "build_choice_schema",

@@ -31,8 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from evoharness_agent.local_llm.prompting import (
     _normalize_tool_choice,
     _parse_route,
+    _repeats_a_call,
     _reply_text,
     _structured_schema,
+    answer_option,
     build_grammar,
     parse_tool_reply,
     prepare_call,
@@ -54,7 +56,8 @@ class LocalChatModel(BaseChatModel):
     """LangChain chat model over a local GGUF file, run on CPU by llama.cpp (xllamacpp).
 
     Tool calls and structured output are produced with JSON-schema constrained decoding, so
-    their arguments always parse and match the tool's schema.
+    their arguments always parse and match the tool's schema. With ``tool_choice`` "auto" or
+    unset the model decides, as LangChain means it: it calls one of the tools or answers in text.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -82,6 +85,15 @@ class LocalChatModel(BaseChatModel):
     two_stage_choice: bool = True
     """Choose among several tools by picking the name first, then filling that tool's
     arguments (two calls, better routing), instead of one ``{"tool", "arguments"}`` reply."""
+    answer_bias: float = 2.0
+    """Log-odds added to the "answer" option of the route when the model decides (``tool_choice``
+    "auto" or unset): the 0.5B model over-picks tools (it called get_weather on "Hi! Just say
+    hello"). 2.0 multiplies the answer's odds by about 7: on 19 test turns it decided right 13
+    times instead of 9, and answered none that needed a tool; 0 leaves the model's own choice."""
+    repeat_guard: bool = True
+    """When the model decides: answer in text instead of repeating a tool call of the current
+    turn (same tool, same arguments) that already succeeded: the 0.5B model otherwise copies its
+    last call over and over (56 get_weather calls in one run) instead of answering from the result."""
     verbose: bool = False
     """Whether llama.cpp logs to stderr."""
 
@@ -155,7 +167,12 @@ class LocalChatModel(BaseChatModel):
         tool_choice: str | dict[str, Any] | bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
-        """Bind tools; a forced or chosen call is decoded under the tools' JSON schemas."""
+        """Bind tools; "auto"/unset lets the model answer instead, calls are decoded under the tools' schemas.
+
+        ``tool_choice``: "auto" or ``None`` (the model decides: one of the tools, or a text
+        answer), "required"/"any"/``True`` (one of the tools), a tool's name (that tool), or
+        "none" (a text answer).
+        """
         kwargs.pop("strict", None)  # every call is schema-constrained already
         functions = [convert_to_openai_tool(t)["function"] for t in tools]
         _normalize_tool_choice(tool_choice, functions)  # fail now on an unknown name
@@ -199,7 +216,11 @@ class LocalChatModel(BaseChatModel):
         return self.current_date or dt.date.today()
 
     def _complete(
-        self, chat: list[dict[str, str]], stop: list[str] | None, schema: dict[str, Any] | None
+        self,
+        chat: list[dict[str, str]],
+        stop: list[str] | None,
+        schema: dict[str, Any] | None,
+        logit_bias: list[list[Any]] | None = None,
     ) -> dict[str, Any]:
         """Run one chat completion on llama.cpp and return its raw response."""
         request: dict[str, Any] = {
@@ -214,6 +235,8 @@ class LocalChatModel(BaseChatModel):
             request["stop"] = list(stop)
         if schema is not None:
             request["grammar"] = build_grammar(schema)
+        if logit_bias:
+            request["logit_bias"] = logit_bias  # llama.cpp: [[text, bias]] biases the text's tokens
         response = self._server().handle_chat_completions(request)
         if not isinstance(response, dict) or "error" in response or not response.get("choices"):
             err = response.get("error") if isinstance(response, dict) else response
@@ -228,7 +251,11 @@ class LocalChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        """Generate one reply: plain text, a constrained tool call, or constrained JSON."""
+        """Generate one reply: plain text, a constrained tool call, or constrained JSON.
+
+        With ``tool_choice`` "auto" or unset, the route may pick the answer option: the reply is
+        then plain text from a second, unconstrained call.
+        """
         functions: list[dict[str, Any]] = list(kwargs.get("tools") or [])
         names = [f["name"] for f in functions]
         today = self._today() if self.date_in_prompt else None
@@ -241,16 +268,24 @@ class LocalChatModel(BaseChatModel):
             two_stage=self.two_stage_choice,
         )
         usage: dict[str, int] = {}
-        response = self._complete(chat, None if mode == "route" else stop, schema)
+        auto = _normalize_tool_choice(kwargs.get("tool_choice"), functions)[0] == "auto"
+        answer = answer_option(names)
+        bias = [[answer, self.answer_bias]] if auto and self.answer_bias else None
+        response = self._complete(chat, None if mode == "route" else stop, schema, bias)
         _add_usage(usage, response)
         content = _reply_text(response)
         message: AIMessage | None = None
-        if mode == "route":
-            picked = _parse_route(content, names)
-            if picked is None:
+        if mode in ("route", "choice"):
+            # An auto choice may pick the answer option instead of a tool: the answer is then
+            # written by a plain, unconstrained text call on the same conversation.
+            picked = _parse_route(content, [*names, answer])
+            if picked == answer:
+                mode, forced, chat, schema = prepare_call(messages, functions, "none", today=today)
+            elif mode == "route" and picked is None:
                 message = parse_tool_reply(content, forced=None, names=names)
-            else:
+            elif mode == "route":
                 mode, forced, chat, schema = prepare_call(messages, functions, picked, today=today)
+            if message is None and mode != "choice":
                 response = self._complete(chat, stop, schema)
                 _add_usage(usage, response)
                 content = _reply_text(response)
@@ -259,6 +294,11 @@ class LocalChatModel(BaseChatModel):
                 message = parse_tool_reply(content, forced=forced, names=names)
             else:
                 message = AIMessage(content=content)
+        if auto and self.repeat_guard and message.tool_calls and _repeats_a_call(messages, message.tool_calls[0]):
+            mode, forced, chat, schema = prepare_call(messages, functions, "none", today=today)
+            response = self._complete(chat, stop, schema)
+            _add_usage(usage, response)
+            message = AIMessage(content=_reply_text(response))
         choice = response["choices"][0]
         message.usage_metadata = UsageMetadata(
             input_tokens=usage.get("prompt_tokens", 0),

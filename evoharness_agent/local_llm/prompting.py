@@ -5,6 +5,10 @@ reply goes through llama.cpp's JSON-schema constrained decoding (LLGuidance) ins
 module builds the schema and grammar of each call, renders the LangChain messages (with a
 note resolving relative dates) into the chat template's messages, and turns the
 constrained JSON back into an ``AIMessage`` with ``tool_calls``.
+
+``tool_choice`` follows LangChain: "auto" or unset lets the model decide between calling a
+tool and answering in text (the route's options are the tools plus :func:`answer_option`);
+"required"/"any" or a tool's name force a call; "none" answers in text.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel
 
 __all__ = [
+    "answer_option",
     "build_choice_schema",
     "build_grammar",
     "build_route_schema",
@@ -69,8 +74,22 @@ def _tool_parameters(function: Mapping[str, Any]) -> dict[str, Any]:
     return _close_objects(params)
 
 
-def build_choice_schema(functions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Build the schema ``{"tool": <one name>, "arguments": <that tool's parameters>}``."""
+def answer_option(names: Iterable[str]) -> str:
+    """Return the route option that means "answer in text now": ``"answer"`` unless a tool has that name."""
+    taken = set(names)
+    option, n = "answer", 1
+    while option in taken:
+        n += 1
+        option = f"answer_{n}"
+    return option
+
+
+def build_choice_schema(functions: Sequence[Mapping[str, Any]], *, answer: str | None = None) -> dict[str, Any]:
+    """Build the schema ``{"tool": <one name>, "arguments": <that tool's parameters>}``.
+
+    With ``answer`` (see :func:`answer_option`) one more branch, ``{"tool": answer}``, lets the
+    model choose to answer in text instead of calling a tool.
+    """
     branches = [
         {
             "type": "object",
@@ -83,16 +102,32 @@ def build_choice_schema(functions: Sequence[Mapping[str, Any]]) -> dict[str, Any
         }
         for fn in functions
     ]
+    if answer is not None:
+        branches.append(
+            {
+                "type": "object",
+                "properties": {TOOL_KEY: {"type": "string", "enum": [answer]}},
+                "required": [TOOL_KEY],
+                "additionalProperties": False,
+            }
+        )
     # anyOf whose branches are told apart by the "tool" key, which the model writes first:
     # LLGuidance then constrains the arguments to the chosen tool's schema in one pass.
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 
-def build_route_schema(functions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Build the schema ``{"tool": <one of the names>}`` for picking a tool by name."""
+def build_route_schema(functions: Sequence[Mapping[str, Any]], *, answer: str | None = None) -> dict[str, Any]:
+    """Build the schema ``{"tool": <one of the names, or answer>}`` for picking a tool by name.
+
+    With ``answer`` (see :func:`answer_option`) the names end with that option, which means
+    "no tool: answer in text now".
+    """
+    names = [fn["name"] for fn in functions]
+    if answer is not None:
+        names.append(answer)
     return {
         "type": "object",
-        "properties": {TOOL_KEY: {"type": "string", "enum": [fn["name"] for fn in functions]}},
+        "properties": {TOOL_KEY: {"type": "string", "enum": names}},
         "required": [TOOL_KEY],
         "additionalProperties": False,
     }
@@ -146,8 +181,14 @@ def _text(content: Any) -> str:
     return "\n".join(pieces)
 
 
-def _to_chat_messages(messages: Sequence[BaseMessage], extra_system: str | None = None) -> list[dict[str, str]]:
-    """Convert LangChain messages to the role/content dicts of the chat template."""
+def _to_chat_messages(
+    messages: Sequence[BaseMessage], extra_system: str | None = None, *, calls_as_results: bool = False
+) -> list[dict[str, str]]:
+    """Convert LangChain messages to the role/content dicts of the chat template.
+
+    With ``calls_as_results`` (text answers) tool calls are not written as assistant turns:
+    each result says which call it answers, and consecutive user-side turns are merged.
+    """
     # Chat templates (Qwen's ChatML included) expect one system message, first: merge them.
     system = [_text(m.content) for m in messages if isinstance(m, SystemMessage)]
     if extra_system:
@@ -155,7 +196,7 @@ def _to_chat_messages(messages: Sequence[BaseMessage], extra_system: str | None 
     out: list[dict[str, str]] = []
     if system:
         out.append({"role": "system", "content": "\n\n".join(s for s in system if s)})
-    call_names: dict[str, str] = {}
+    calls: dict[str, tuple[str, str]] = {}
     for msg in messages:
         if isinstance(msg, SystemMessage):
             continue
@@ -165,19 +206,36 @@ def _to_chat_messages(messages: Sequence[BaseMessage], extra_system: str | None 
             # instead of a final answer.
             lines = [_text(msg.content)] if _text(msg.content) else []
             for call in msg.tool_calls:
-                call_names[str(call.get("id"))] = call["name"]
                 args = json.dumps(call["args"], ensure_ascii=False)
-                lines.append(f"I call the tool {call['name']} with arguments {args}.")
-            out.append({"role": "assistant", "content": "\n".join(lines)})
+                calls[str(call.get("id"))] = (call["name"], args)
+                if not calls_as_results:
+                    lines.append(f"I call the tool {call['name']} with arguments {args}.")
+            if lines or not calls_as_results:
+                out.append({"role": "assistant", "content": "\n".join(lines)})
         elif isinstance(msg, ToolMessage):
-            name = msg.name or call_names.get(msg.tool_call_id, "the tool")
+            name, args = calls.get(msg.tool_call_id, (msg.name or "the tool", ""))
+            name = msg.name or name
             status = " (error)" if getattr(msg, "status", "success") == "error" else ""
-            out.append({"role": "user", "content": f"Result of {name}{status}: {_text(msg.content)}"})
+            if calls_as_results:
+                # Asked for text after calls written as "I call the tool ...", the 0.5B model
+                # wrote one more such line as its answer: here calls appear only in results.
+                shown = f"{name}({args})" if args else name
+                out.append({"role": "user", "content": f"Result of {shown}{status}: {_text(msg.content)}"})
+            else:
+                out.append({"role": "user", "content": f"Result of {name}{status}: {_text(msg.content)}"})
         elif isinstance(msg, HumanMessage):
             out.append({"role": "user", "content": _text(msg.content)})
         else:
             role = {"human": "user", "ai": "assistant"}.get(msg.type, "user")
             out.append({"role": role, "content": _text(msg.content)})
+    if calls_as_results:
+        merged: list[dict[str, str]] = []
+        for turn in out:
+            if merged and turn["role"] == "user" and merged[-1]["role"] == "user":
+                merged[-1] = {"role": "user", "content": f"{merged[-1]['content']}\n{turn['content']}"}
+            else:
+                merged.append(turn)
+        out = merged
     return out
 
 
@@ -307,15 +365,19 @@ def parse_tool_reply(content: str, *, forced: str | None, names: Iterable[str]) 
 
 
 def _normalize_tool_choice(tool_choice: Any, functions: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
-    """Return the mode ("text" | "forced" | "choice") and the forced tool name, if any."""
+    """Return the mode ("text" | "forced" | "choice" | "auto") and the forced tool name, if any.
+
+    "auto" (``tool_choice`` "auto" or unset): the model decides, a tool call or a text answer;
+    "choice": it must call one of several tools ("required", "any", ``True``).
+    """
     names = [fn["name"] for fn in functions]
     if not functions or tool_choice in ("none", False):
         return "text", None
     if isinstance(tool_choice, Mapping):
         tool_choice = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
-    if tool_choice in (None, "auto", "any", "required", True):
-        # "auto" also constrains to a tool call: a 0.5B model cannot reliably decide between
-        # a tool and a text answer, and the executor asks for text with tool_choice="none".
+    if tool_choice in (None, "auto"):
+        return "auto", None
+    if tool_choice in ("any", "required", True):
         return ("forced", names[0]) if len(names) == 1 else ("choice", None)
     if isinstance(tool_choice, str):
         if tool_choice not in names:
@@ -336,8 +398,13 @@ def prepare_call(
 
     Modes: "text", "forced" (fill one tool's arguments), "route" (first stage of a
     two-stage choice: pick a tool name) and "choice" (pick a tool and fill it in one pass).
+    With ``tool_choice`` "auto" or unset, the route's (or the one-pass choice's) options also
+    include :func:`answer_option`, which the caller turns into a plain text call.
     """
     mode, forced = _normalize_tool_choice(tool_choice, functions)
+    answer: str | None = None
+    if mode == "auto":
+        mode, answer = "choice", answer_option(fn["name"] for fn in functions)
     note = ""
     if today is not None:
         # The last few user turns are where "tomorrow" or "next Friday" come from.
@@ -358,20 +425,35 @@ def prepare_call(
         # chosen tool as a forced call, routed 13/16 test requests right vs 11/16 in one pass
         # (the 0.5B model over-picks the first tool when the arguments' schemas are shown).
         mode = "route"
-        schema = build_route_schema(functions)
+        schema = build_route_schema(functions, answer=answer)
         docs = "\n".join(f"- {f['name']}: {f.get('description', '').strip()}" for f in functions)
-        extra = (
-            f"Tools:\n{docs}\nWhich one tool does what the user asks? "
-            f'Reply with only JSON: {{"{TOOL_KEY}": <tool name>}}.'
-        )
+        if answer is None:
+            extra = (
+                f"Tools:\n{docs}\nWhich one tool does what the user asks? "
+                f'Reply with only JSON: {{"{TOOL_KEY}": <tool name>}}.'
+            )
+        else:
+            # The answer option is listed and enumerated last: first, the 0.5B model picked it
+            # even less often. It still over-picks tools; the caller biases the option up.
+            extra = (
+                f"Tools:\n{docs}\n{_answer_doc(answer)}\nWhat is the next step? "
+                f'Reply with only JSON: {{"{TOOL_KEY}": <tool name or "{answer}">}}.'
+            )
     elif mode == "choice":
-        schema = build_choice_schema(functions)
+        schema = build_choice_schema(functions, answer=answer)
         docs = "\n".join(_tool_doc(f) for f in functions)
-        extra = (
-            f"Tools:\n{docs}\n{note}\nChoose the one tool that best does the next step, "
-            "and fill its arguments from the conversation. Reply with only JSON: "
-            f'{{"{TOOL_KEY}": <tool name>, "{ARGS_KEY}": {{...}}}}.'
-        )
+        if answer is None:
+            extra = (
+                f"Tools:\n{docs}\n{note}\nChoose the one tool that best does the next step, "
+                "and fill its arguments from the conversation. Reply with only JSON: "
+                f'{{"{TOOL_KEY}": <tool name>, "{ARGS_KEY}": {{...}}}}.'
+            )
+        else:
+            extra = (
+                f"Tools:\n{docs}\n{_answer_doc(answer)}\n{note}\nWhat is the next step? "
+                f'Reply with only JSON: {{"{TOOL_KEY}": <tool name>, "{ARGS_KEY}": {{...}}}} '
+                f'to call a tool, or {{"{TOOL_KEY}": "{answer}"}} to answer.'
+            )
     elif response_format:
         spec = response_format.get("json_schema") or {}
         schema = _close_objects(spec.get("schema") or response_format.get("schema") or {})
@@ -379,7 +461,31 @@ def prepare_call(
             "Reply with only a JSON object matching this JSON schema:\n"
             f"{json.dumps(_strip_titles(schema), ensure_ascii=False)}\n{note}"
         )
-    return mode, forced, _to_chat_messages(messages, extra), schema
+    return mode, forced, _to_chat_messages(messages, extra, calls_as_results=mode == "text"), schema
+
+
+def _answer_doc(answer: str) -> str:
+    """Describe the answer option in the tool list of an auto choice."""
+    return f"- {answer}: no tool; reply to the user in plain text now."
+
+
+def _repeats_a_call(messages: Sequence[BaseMessage], call: Mapping[str, Any]) -> bool:
+    """Whether ``call`` repeats a tool call (same name and arguments) whose result is already in.
+
+    Only calls since the last user message count, and only those with a result that is not an error.
+    """
+    succeeded: set[str] = set()
+    for msg in reversed(messages):
+        if isinstance(msg, HumanMessage):
+            return False
+        if isinstance(msg, ToolMessage) and getattr(msg, "status", "success") != "error":
+            succeeded.add(msg.tool_call_id)
+        elif isinstance(msg, AIMessage) and any(
+            c.get("id") in succeeded and c["name"] == call.get("name") and c["args"] == call.get("args")
+            for c in msg.tool_calls
+        ):
+            return True
+    return False
 
 
 def _reply_text(response: Mapping[str, Any]) -> str:
@@ -388,7 +494,7 @@ def _reply_text(response: Mapping[str, Any]) -> str:
 
 
 def _parse_route(content: str, names: Sequence[str]) -> str | None:
-    """Return the tool name picked by a route reply, or None if it is not a bound tool."""
+    """Return the name (a tool, or the answer option) a route or choice reply picked, or None if not in ``names``."""
     try:
         data = json.loads(content)
     except json.JSONDecodeError:

@@ -22,6 +22,7 @@ __all__ = [
     "bfcl_scenario_number",
     "bfcl_single_path",
     "data_dir",
+    "default_training_split",
     "domain_episodes",
     "domain_paths",
     "gpt4o_airline_path",
@@ -33,6 +34,7 @@ __all__ = [
     "tau2_airline_path",
     "tau2_airline_split",
     "tau2_retail_path",
+    "tau2_retail_split",
     "tau_airline_test_path",
     "tau_retail_path",
 ]
@@ -203,3 +205,42 @@ def gpt4o_airline_split(
     test = [ep for ep in episodes
             if int(ep.metadata["task_index"]) in test_tasks and ep.reward == 1.0]
     return train, test
+
+
+def tau2_retail_split(episodes: Iterable[Episode], n_test: int = 14) -> tuple[list[Episode], list[Episode]]:
+    """Split tau2-bench retail's 74 (train-split) tasks into (train, test): test = the last ``n_test`` task ids."""
+    ordered = sorted(episodes, key=lambda episode: int(episode.metadata["task_id"]))
+    cut = len(ordered) - n_test
+    return ordered[:cut], ordered[cut:]
+
+
+_HELD_OUT_AIRLINE_TASKS = range(40, 50)
+"""tau-bench airline tasks 40-49: the gpt-4o runs' test tasks, whose users tau2 airline shares."""
+
+
+def default_training_split(episodes: Iterable[Episode]) -> list[Episode]:
+    """Return the episodes a shipped default may train on: every domain's data minus its held-out split.
+
+    Held out: BFCL multi-turn scenarios 0 mod 5, tau2 airline's test split, tau-bench airline
+    tasks 40-49, tau2 retail's :func:`tau2_retail_split` test tasks. The episodes must come from
+    :func:`domain_episodes` (their ``metadata["domain"]`` says which rule applies).
+    """
+    episodes = list(episodes)
+    kept: list[Episode] = []
+    by_domain: dict[str, list[Episode]] = {}
+    for episode in episodes:
+        by_domain.setdefault(str(episode.metadata.get("domain")), []).append(episode)
+    for domain, group in by_domain.items():
+        if domain == "bfcl":
+            kept += split_bfcl(group)[0]
+        elif domain == "tau2_airline":
+            kept += tau2_airline_split(group)[0]
+        elif domain == "tau_airline":
+            kept += [ep for ep in group if int(ep.metadata["task_index"]) not in _HELD_OUT_AIRLINE_TASKS]
+        elif domain == "tau2_retail":
+            kept += tau2_retail_split(group)[0]
+        elif domain in DOMAINS:
+            kept += group
+        else:
+            raise ValueError(f"episode {group[0].id!r}: metadata 'domain' {domain!r} is not one of {DOMAINS}")
+    return kept

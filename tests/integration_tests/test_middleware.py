@@ -28,7 +28,7 @@ def choices(llm: object) -> list[tuple[list[str], object]]:
 
 def test_narrows_to_top_k_and_forces_only_when_confident(kit: SimpleNamespace, policy: ToolPolicy) -> None:
     llm = kit.llm(kit.call("get_weather", city="Tokyo"), "Sunny in Tokyo.")
-    selector = PolicyToolSelectorMiddleware(policy, top_k=2, force_threshold=0.8)
+    selector = PolicyToolSelectorMiddleware(policy, top_k=2, force_threshold=0.8, finish_threshold=None)
     graph = create_agent(llm, kit.tools, middleware=[selector])
     result = graph.invoke({"messages": [HumanMessage(WEATHER)]})
     assert result["messages"][-1].content == "Sunny in Tokyo."
@@ -37,6 +37,25 @@ def test_narrows_to_top_k_and_forces_only_when_confident(kit: SimpleNamespace, p
     assert len(first_tools) == 2 and "get_weather" in first_tools and first_choice == "get_weather"
     assert len(second_tools) == 2 and second_choice is None  # FINISH is never forced
     assert selector.last_ranking[0].tool == FINISH
+
+
+def test_a_confident_finish_leaves_the_model_no_tools(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    llm = kit.llm(kit.call("get_weather", city="Tokyo"), "Sunny in Tokyo.")
+    selector = PolicyToolSelectorMiddleware(policy, top_k=1, always_include=["get_time"])
+    result = create_agent(llm, kit.tools, middleware=[selector]).invoke({"messages": [HumanMessage(WEATHER)]})
+    assert result["messages"][-1].content == "Sunny in Tokyo."
+    # The policy is sure the weather answers the request: the model is offered nothing to call.
+    assert choices(llm) == [(["get_time", "get_weather"], "get_weather"), ([], None)]
+    assert selector.last_ranking[0].tool == FINISH and selector.last_ranking[0].probability >= 0.8
+    # Under the threshold the model still sees the top tools, and decides itself.
+    unsure = PolicyToolSelectorMiddleware(policy, top_k=2, finish_threshold=1.0)
+    llm = kit.llm(kit.call("get_weather", city="Tokyo"), "Sunny in Tokyo.")
+    create_agent(llm, kit.tools, middleware=[unsure]).invoke({"messages": [HumanMessage(WEATHER)]})
+    second_tools, second_choice = choices(llm)[1]
+    assert len(second_tools) == 2 and second_choice is None
+    for bad in ({"finish_threshold": 1.5}, {"force_threshold": -0.1}):
+        with pytest.raises(ValueError, match="probability"):
+            PolicyToolSelectorMiddleware(policy, **bad)
 
 
 def test_never_forces_the_same_tool_twice_in_a_row(kit: SimpleNamespace, policy: ToolPolicy) -> None:

@@ -213,6 +213,49 @@ def test_hybrid_mode_asks_the_llm_among_the_top_k_when_unsure(kit: SimpleNamespa
     assert result["intermediate_steps"][0][0].decided_by == "policy"
 
 
+def test_hybrid_llm_may_answer_instead_of_calling(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    # A reply without tool calls is the answer: the run ends with it, no tool runs.
+    llm = kit.llm("It is sunny in Tokyo.")
+    result = agent(kit, policy, llm, mode="hybrid", confidence_threshold=1.0, top_k=2,
+                   return_intermediate_steps=True).invoke({"input": WEATHER})
+    assert result["output"] == "It is sunny in Tokyo." and result["intermediate_steps"] == []
+    assert len(llm.calls) == 1 and llm.calls[0]["tool_choice"] is None and len(llm.calls[0]["tools"]) >= 1
+    assert "reply with the final answer" in llm.calls[0]["messages"][0].content
+    # Without tool calling, FINISH is one of the JSON prompt's options.
+    llm = kit.llm('{"tool": "FINISH", "answer": "Sunny."}', tool_calling=False)
+    result = agent(kit, policy, llm, mode="hybrid", confidence_threshold=1.0).invoke({"input": WEATHER})
+    assert result["output"] == "Sunny." and len(llm.calls) == 1
+    assert "- FINISH: Stop calling tools and reply to the user now" in llm.calls[0]["messages"][0].content
+    llm = kit.llm('{"answer": "Sunny."}', tool_calling=False)
+    assert agent(kit, policy, llm, mode="hybrid", confidence_threshold=1.0).invoke({"input": WEATHER})[
+        "output"] == "Sunny."
+
+
+def test_hybrid_takes_a_repeated_successful_call_as_the_answer(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    weather = kit.call("get_weather", city="Tokyo")
+    llm = kit.llm(weather, weather, "Sunny in Tokyo.")
+    result = agent(kit, policy, llm, mode="hybrid", confidence_threshold=1.0,
+                   return_intermediate_steps=True).invoke({"input": WEATHER})
+    assert tools_of(result) == [("get_weather", {"city": "Tokyo"}, "Sunny, 21 C in Tokyo")]
+    assert result["output"] == "Sunny in Tokyo." and not llm.calls[2]["tools"]  # write_answer wrote it
+    # Any successful call of the run counts, not only the latest one.
+    llm = kit.llm(weather, kit.call("get_time"), weather, "Sunny at noon.")
+    result = agent(kit, policy, llm, mode="hybrid", confidence_threshold=1.0,
+                   return_intermediate_steps=True).invoke({"input": WEATHER})
+    assert [step[0] for step in tools_of(result)] == ["get_weather", "get_time"]
+    assert result["output"] == "Sunny at noon."
+    # Other arguments are a new call; so is the same call after a failure.
+    llm = kit.llm(weather, kit.call("get_weather", city="Paris"), "Sunny.")
+    result = agent(kit, policy, llm, mode="hybrid", confidence_threshold=1.0, max_iterations=2,
+                   return_intermediate_steps=True).invoke({"input": WEATHER})
+    assert [step[1] for step in tools_of(result)] == [{"city": "Tokyo"}, {"city": "Paris"}]
+    compute = kit.call("calculator", expression="2 ** 3")
+    llm = kit.llm(compute, compute, "No.")
+    result = agent(kit, policy, llm, mode="hybrid", confidence_threshold=1.0, max_iterations=2,
+                   return_intermediate_steps=True).invoke({"input": "Compute 2 ** 3."})
+    assert [step[0] for step in tools_of(result)] == ["calculator", "calculator"]
+
+
 def test_llm_mode_needs_no_policy_and_answers_unknown_tools(kit: SimpleNamespace) -> None:
     llm = kit.llm(kit.call("teleport", to="Tokyo"), kit.call("get_weather", city="Tokyo"), "Sunny.")
     result = agent(kit, None, llm, mode="llm", return_intermediate_steps=True).invoke({"input": WEATHER})
@@ -237,8 +280,8 @@ def test_llm_context_trimming_history_and_system_prompt(kit: SimpleNamespace, po
 def test_construction_checks_and_policy_from_a_directory(kit: SimpleNamespace, policy_dir: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EVOHARNESS_CACHE_DIR", str(tmp_path))  # the loaded policy's own encoder caches here
-    with pytest.raises(ValueError, match="needs a trained policy"):
-        PolicyAgentExecutor(llm=kit.llm(), tools=kit.tools)
+    shipped = PolicyAgentExecutor(llm=kit.llm(), tools=kit.tools)  # no policy: the shipped general one
+    assert isinstance(shipped.policy, ToolPolicy) and shipped.policy.meta["known_tools"]
     with pytest.raises(ValueError, match="unique"):
         PolicyAgentExecutor(llm=kit.llm(), tools=[*kit.tools, kit.tools[0]], mode="llm")
     loaded = PolicyAgentExecutor(llm=kit.llm(), tools=kit.tools, policy=str(policy_dir))

@@ -5,7 +5,14 @@ import pytest
 import torch
 
 from evoharness_agent.encoding.embedder import StateEncoder
-from evoharness_agent.encoding.state import FIXED_SLOTS, N_STATE_FEATURES, decisions, step_text
+from evoharness_agent.encoding.state import (
+    FIXED_SLOTS,
+    N_STATE_FEATURES,
+    PAIR_FEATURES,
+    decisions,
+    state_parts,
+    step_text,
+)
 from evoharness_agent.encoding.transitions import ToolTable, TransitionDataset, build_dataset
 from evoharness_agent.rewards import RewardConfig, shape_rewards
 from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec, finish_spec
@@ -78,13 +85,35 @@ def test_decisions_history_is_newest_first_and_windowed() -> None:
 
 
 def test_decisions_pair_features_track_calls_per_turn_and_episode() -> None:
-    names = ["search", "read_file", "write_file", FINISH]
-    pairs = [p.pair_features(names) for p in decisions(multi_turn(), history_window=1)]
-    assert pairs[0] == [[0.0, 0.0]] * 4
-    assert pairs[2] == [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    specs = [SEARCH, READ, WRITE, finish_spec()]
+    # called_in_turn, called_before, just_called_ok, just_called_failed, failed_in_turn, calls_in_turn
+    pairs = [[row[:6] for row in p.pair_features(specs)] for p in decisions(multi_turn(), history_window=1)]
+    none = [0.0] * 6
+    assert pairs[0] == [none] * 4
+    assert pairs[1] == [[1.0, 1.0, 1.0, 0.0, 0.0, 0.2], none, none, none]  # search just worked
+    assert pairs[2] == [[1.0, 1.0, 0.0, 0.0, 0.0, 0.2], [1.0, 1.0, 0.0, 1.0, 1.0, 0.2], none, none]
     # a new user turn clears "called in this turn" but not "called earlier in the episode"
-    assert pairs[3] == [[0.0, 1.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
-    assert pairs[4] == [[0.0, 1.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]]
+    assert pairs[3] == [[0.0, 1.0, 0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0, 0.0, 0.0], none, none]
+    assert pairs[4][2] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.2]
+
+
+def test_pair_features_see_named_tools_and_missing_identifiers() -> None:
+    lookup = ToolSpec(name="find_customer", description="Find a customer by e-mail.",
+                      parameters={"type": "object", "properties": {"email": {"type": "string"}}, "required": ["email"]})
+    orders = ToolSpec(name="list_orders", description="List a customer's orders.",
+                      parameters={"type": "object", "properties": {"customer_id": {"type": "string"}},
+                                  "required": ["customer_id"]})
+    named, missing = PAIR_FEATURES.index("named_in_request"), PAIR_FEATURES.index("missing_ids")
+    start = state_parts("Use find_customer, then show the orders of ann@example.com", [], 2)
+    first = start.pair_features([lookup, orders])
+    assert first[0][named] == 1.0 and first[1][named] == 1.0  # "orders" is named, "list" is too generic
+    partly = ToolSpec(name="update_order_status")  # "orders" matches "order"; "update", "status" are absent
+    assert start.pair_features([partly])[0][named] == pytest.approx(1 / 3)
+    assert start.pair_features([ToolSpec(name="cancel_subscription")])[0][named] == 0.0
+    assert first[0][missing] == 0.0 and first[1][missing] == 1.0  # no customer id is known yet
+    found = Step(tool="find_customer", arguments={"email": "ann@example.com"}, observation='{"customer_id": "C7"}')
+    after = state_parts(start.task, [found], 2).pair_features([lookup, orders])
+    assert after[1][missing] == 0.0  # the lookup's result gave it
 
 
 def test_decisions_default_availability_is_all_tools() -> None:
@@ -148,15 +177,17 @@ def test_build_dataset_next_state_and_done_wiring(built: Built) -> None:
 
 def test_build_dataset_pair_features(built: Built) -> None:
     _, data = built
-    t = data.tensors
-    assert t["pairs"].shape == (7, 4, 2)
+    pairs = data.pairs(torch.arange(len(data)))
+    assert pairs.shape == (7, 4, len(PAIR_FEATURES)) and pairs.dtype == torch.float32
     # table order: FINISH, search, read_file, write_file; transition 4 is the reply after write_file
-    assert t["pairs"][4].tolist() == [[False, False], [False, True], [False, True], [True, True]]
-    assert not t["pairs"][5].any()  # the second episode starts from scratch
-    assert torch.equal(t["next_pairs"], t["pairs"][[1, 2, 3, 4, 4, 6, 6]])
-    batch = data.batch(torch.tensor([4]))
-    assert batch.pairs is not None and batch.pairs.dtype == torch.float32
-    assert batch.pairs[0].tolist() == [[0.0, 0.0], [0.0, 1.0], [0.0, 1.0], [1.0, 1.0]]
+    history = pairs[:, :, :6]  # called_in_turn, called_before, just_ok, just_failed, failed_in_turn, calls_in_turn
+    expected = torch.tensor([[0.0] * 6, [0, 1, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0.2]])
+    torch.testing.assert_close(history[4], expected)
+    assert not history[5].any()  # the second episode starts from scratch
+    batch = data.batch(torch.tensor([0, 4, 5]))
+    assert batch.pairs is not None and batch.next_pairs is not None
+    assert torch.equal(batch.pairs, pairs[[0, 4, 5]])
+    assert torch.equal(batch.next_pairs, pairs[[1, 4, 6]])  # a terminal transition's next state is itself
 
 
 def test_build_dataset_rewards_aligned(built: Built, encoder: StateEncoder) -> None:

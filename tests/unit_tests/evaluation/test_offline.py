@@ -13,6 +13,7 @@ from rich.console import Console
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.evaluation.offline import BASELINES, OfflineReport, evaluate_offline, pessimistic_rank
 from evoharness_agent.evaluation.reports import plot_report, print_report
+from evoharness_agent.learning.calibration import calibration_report
 from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
 
 TOOLS = [ToolSpec(name="a", description="Search for flights between two cities."),
@@ -44,12 +45,13 @@ class FixedPolicy:
 
     history_window = 2
 
-    def __init__(self, encoder: StateEncoder) -> None:
+    def __init__(self, encoder: StateEncoder, temperature: float = 1.0) -> None:
         self.encoder = encoder
+        self.temperature = temperature
         self.calls: list[int] = []
 
     def score_matrix(self, states: Sequence[tuple[str, Sequence[Step]]], tools: Sequence[Any], *,
-                     include_finish: bool = True) -> tuple[list[str], np.ndarray]:
+                     include_finish: bool = True, available: Any = None) -> tuple[list[str], np.ndarray]:
         self.calls.append(len(states))
         names = [tool.name for tool in tools] + [FINISH]
         return names, np.tile([FIXED_SCORES[name] for name in names], (len(states), 1))
@@ -82,6 +84,9 @@ def test_counts_and_json_shape(report: OfflineReport, tmp_path: Path) -> None:
     for metrics in document["metrics"].values():
         assert set(metrics) == {"top1", "top3", "mrr"}
         assert all(0.0 <= value <= 1.0 for value in metrics.values())
+    assert {"n_decisions", "metrics", "finish_accuracy", "n_finish_decisions", "confusion", "calibration"} == set(
+        document)
+    assert document["calibration"]["n_decisions"] == 6
     assert document == report.to_json()
 
 
@@ -109,6 +114,29 @@ def test_policy_metrics_finish_accuracy_and_confusion(report: OfflineReport) -> 
     assert report.confusion == {"a": {"b": 1}, "b": {"b": 1}, "c": {"c": 1}, "d": {"c": 1}}
 
 
+def _softmax_top(names: Sequence[str], temperature: float) -> float:
+    """The top probability of softmax(FIXED_SCORES / T) over ``names``."""
+    weights = np.exp(np.array([FIXED_SCORES[n] for n in names]) / temperature)
+    return float(weights.max() / weights.sum())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_calibration_of_live_decisions_by_hand(encoder: StateEncoder, temperature: float) -> None:
+    report = evaluate_offline(FixedPolicy(encoder, temperature), EVAL_LOGS, BASELINE_LOGS).calibration
+    # Every decision, FINISH included among the candidates and as a logged action: episode 1
+    # (a, b, reply) offers everything, so b on top; episode 2 (d, c, reply) offers c, d, FINISH: c on top.
+    everything, offered = _softmax_top(["a", "b", "c", "d", FINISH], temperature), _softmax_top(
+        ["c", "d", FINISH], temperature)
+    confidence = [everything] * 3 + [offered] * 3
+    correct = [False, True, False, False, True, False]
+    expected = calibration_report(confidence, correct)
+    assert report.n_decisions == 6 and report.accuracy == pytest.approx(1 / 3)
+    assert report.mean_confidence == pytest.approx(np.mean(confidence))
+    assert report.ece == pytest.approx(expected.ece)
+    assert [b["n"] for b in report.bins] == [b["n"] for b in expected.bins]
+    assert report.coverage_at_95 == expected.coverage_at_95 == 0.0
+
+
 def test_embedding_similarity_baseline(report: OfflineReport, encoder: StateEncoder) -> None:
     tool_vectors = encoder.embed([tool.text() for tool in TOOLS])
     expected = []
@@ -133,6 +161,7 @@ def test_gold_tool_outside_the_tool_list_is_skipped(encoder: StateEncoder) -> No
     report = evaluate_offline(FixedPolicy(encoder), [odd], BASELINE_LOGS)
     assert report.n_decisions == 1
     assert report.metrics["random"]["top1"] == pytest.approx(1 / 2)
+    assert report.calibration.n_decisions == 2  # a and the reply: zzz could not be chosen
 
 
 def test_print_and_plot_report(report: OfflineReport, tmp_path: Path) -> None:

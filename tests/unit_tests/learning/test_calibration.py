@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.encoding.state import decisions
 from evoharness_agent.learning.calibration import (
     accuracy_coverage_curve,
     calibration_report,
     coverage_at_accuracy,
     expected_calibration_error,
     fit_temperature,
+    softmax_with_temperature,
 )
+from evoharness_agent.learning.config import TrainConfig, load_config
+from evoharness_agent.learning.trainer import split_episodes, train_on_episodes
+from evoharness_agent.policy import ToolPolicy
+from tests.kit.synthetic_logs import synthetic_episodes
 
 
 def _labels(logits: torch.Tensor, seed: int = 0) -> torch.Tensor:
@@ -68,3 +78,88 @@ def test_report_counts_and_bins() -> None:
     assert top["n"] == 2 and top["accuracy"] == 0.5
     assert report.ece == pytest.approx((2 * 0.45 + 0.15 + 0.55) / 4)
     assert np.isfinite(report.to_json()["ece"])  # type: ignore[arg-type]
+
+
+def test_softmax_with_temperature() -> None:
+    scores = np.array([[2.0, 0.0, -np.inf], [1.0, 1.0, 1.0]])
+    p = softmax_with_temperature(scores, 2.0)
+    np.testing.assert_allclose(p[0], [np.e / (np.e + 1), 1 / (np.e + 1), 0.0])
+    np.testing.assert_allclose(p[1], [1 / 3] * 3)
+
+
+# --------------------------------------------------------------------------- training writes T, the policy uses it
+
+
+def _config(val_fraction: float) -> TrainConfig:
+    """A tiny CQL run on the CPU."""
+    return load_config(None, {
+        "training": {"steps": 40, "batch_size": 16, "device": "cpu", "threads": 1, "checkpoint_every": 40,
+                     "eval_every": 40, "seed": 3},
+        "logging": {"tensorboard": False, "log_every": 20},
+        "algorithm": {"name": "cql", "params": {}},
+        "model": {"hidden": 16, "history_window": 2},
+        "data": {"val_fraction": val_fraction},
+    })
+
+
+EPISODES = synthetic_episodes(12)
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory, encoder: StateEncoder) -> ToolPolicy:
+    out = tmp_path_factory.mktemp("calibrated")
+    train_on_episodes(EPISODES, _config(0.25), out, encoder=encoder, show_progress=False)
+    return ToolPolicy.load(out, encoder=encoder, device="cpu")
+
+
+def _val_decisions(policy: ToolPolicy) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(scores, logged actions, masks) of the validation decisions, scored as a live policy scores them."""
+    _, val_ids = split_episodes(EPISODES, 0.25, 3)
+    scores, actions, masks = [], [], []
+    for episode in (EPISODES[i] for i in val_ids):
+        points = decisions(episode, policy.history_window)
+        prefixes = [i for i, step in enumerate(episode.steps) if step.is_decision]
+        names, matrix = policy.score_matrix([(episode.task, episode.steps[:i]) for i in prefixes], episode.tools)
+        scores.append(torch.from_numpy(matrix))
+        actions += [names.index(point.action) for point in points]
+        masks += [[name in point.available for name in names] for point in points]
+    return torch.cat(scores), torch.tensor(actions), torch.tensor(masks)
+
+
+def test_training_writes_the_calibration_metadata(calibrated: ToolPolicy) -> None:
+    meta = calibrated.meta["calibration"]
+    assert set(meta) == {"temperature", "n_decisions", "accuracy", "ece_before", "ece_after", "coverage_at_95"}
+    scores, actions, masks = _val_decisions(calibrated)
+    # Three validation episodes: their decisions, as many as the training transitions of them.
+    assert meta["n_decisions"] == len(actions) > 0
+    # T fit on the training-time scores is the T a live policy's scores call for.
+    assert meta["temperature"] == pytest.approx(fit_temperature(scores, actions, masks), rel=0.02)
+    assert calibrated.temperature == meta["temperature"] != 1.0
+    for key in ("accuracy", "ece_before", "ece_after", "coverage_at_95"):
+        assert 0.0 <= meta[key] <= 1.0
+
+
+def test_no_validation_split_means_no_calibration(tmp_path: Path, encoder: StateEncoder) -> None:
+    train_on_episodes(EPISODES, _config(0.0), tmp_path, encoder=encoder, show_progress=False)
+    meta = json.loads((tmp_path / "policy.json").read_text())["calibration"]
+    assert meta["temperature"] == 1.0 and meta["n_decisions"] == 0
+    assert "val_fraction 0" in meta["note"]
+    assert ToolPolicy.load(tmp_path, encoder=encoder, device="cpu").temperature == 1.0
+
+
+def test_policy_probabilities_are_the_softmax_of_scores_over_t(calibrated: ToolPolicy, encoder: StateEncoder) -> None:
+    episode = EPISODES[0]
+    history = episode.steps[:1]
+    meta = {key: value for key, value in calibrated.meta.items() if key != "calibration"}
+    old = ToolPolicy(calibrated.algorithm, meta, encoder)  # a policy.json written before calibration
+    assert old.temperature == 1.0
+    for policy in (calibrated, old, ToolPolicy(calibrated.algorithm, {**meta, "calibration": {"temperature": 3.0}},
+                                               encoder)):
+        ranked = policy.rank(episode.task, history, episode.tools, available={"calculator", "read_file"})
+        scores = np.array([r.score for r in ranked])
+        expected = np.exp((scores - scores.max()) / policy.temperature)
+        np.testing.assert_allclose([r.probability for r in ranked], expected / expected.sum(), rtol=1e-6)
+        # scores stay raw: the same whatever the temperature
+        raw = {r.tool: r.score for r in old.rank(episode.task, history, episode.tools,
+                                                 available={"calculator", "read_file"})}
+        assert {r.tool: r.score for r in ranked} == pytest.approx(raw)

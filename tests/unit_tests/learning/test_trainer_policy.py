@@ -132,8 +132,8 @@ def test_rank_returns_every_tool_and_finish_sorted(policy: ToolPolicy) -> None:
     probabilities = [r.probability for r in ranked]
     assert sum(probabilities) == pytest.approx(1.0, abs=1e-6)
     assert probabilities == sorted(probabilities, reverse=True)
-    # probabilities are the softmax of the scores
-    expected = np.exp(np.array(scores) - max(scores))
+    # probabilities are the softmax of the scores at the policy's calibrated temperature
+    expected = np.exp((np.array(scores) - max(scores)) / policy.temperature)
     np.testing.assert_allclose(probabilities, expected / expected.sum(), rtol=1e-5)
     without_finish = policy.rank("How many people live in city 2, doubled?", history, synthetic_episodes()[0].tools,
                                  include_finish=False)
@@ -146,9 +146,12 @@ def test_rank_masks_unavailable_tools(policy: ToolPolicy) -> None:
     masked = policy.rank("What is written in notes1.txt?", (), tools, available={"calculator"})
     assert {r.tool for r in masked} == {"calculator", FINISH}
     assert sum(r.probability for r in masked) == pytest.approx(1.0, abs=1e-6)
-    for r in masked:  # same scores, renormalised probabilities
-        assert r.score == pytest.approx(full[r.tool].score, abs=1e-5)
-        assert r.probability >= full[r.tool].probability
+    assert set(full) == {*(t.name for t in tools), FINISH}
+    # Availability is part of the state (a tool is compared with the others available), so the
+    # scores are those of the score matrix for that availability, as in training.
+    names, matrix = policy.score_matrix([("What is written in notes1.txt?", ())], tools, available=[{"calculator"}])
+    for r in masked:
+        assert r.score == pytest.approx(float(matrix[0][names.index(r.tool)]), abs=1e-5)
 
 
 def test_rank_scores_an_unseen_tool(policy: ToolPolicy) -> None:
@@ -335,3 +338,28 @@ def test_bf16_autocast_only_where_native(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
     with precision.training_autocast("cpu"):  # emulated bf16 would be slower than fp32
         assert (weights @ weights).dtype == torch.float32
+
+
+def test_validation_split_keeps_the_runs_of_one_task_together() -> None:
+    from evoharness_agent.learning.trainer import split_episodes
+
+    runs = [Episode(id=f"s{s}v{v}", task="t", metadata={"domain": "bfcl", "scenario": s})
+            for s in range(10) for v in range(4)]  # 10 scenarios x 4 variants
+    train_ids, val_ids = split_episodes(runs, 0.2, seed=1)
+    assert sorted(train_ids + val_ids) == list(range(40)) and len(val_ids) == 8
+    val_scenarios = {runs[i].metadata["scenario"] for i in val_ids}
+    assert not val_scenarios & {runs[i].metadata["scenario"] for i in train_ids}
+    loose = [Episode(id="", task=f"t{i}") for i in range(10)]  # no task key: each its own group
+    assert len(split_episodes(loose, 0.3, seed=0)[1]) == 3
+
+
+def test_default_names_the_shipped_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from evoharness_agent.learning.checkpoints import read_policy_meta, resolve_policy_dir, shipped_policy_dir
+
+    shipped = shipped_policy_dir()
+    assert (shipped / "policy.json").is_file() and (shipped / "policy.safetensors").is_file()
+    monkeypatch.chdir(tmp_path)
+    assert resolve_policy_dir("default") == shipped
+    assert read_policy_meta("default")["state_layout"] == read_policy_meta(shipped)["state_layout"]
+    (tmp_path / "default").mkdir()  # a folder of that name here is the user's own
+    assert resolve_policy_dir("default") == Path("default")

@@ -290,9 +290,12 @@ def test_structured_schema_inputs():
         ("any", 1, ("forced", "search_flights")),
         ("required", 1, ("forced", "search_flights")),
         ("any", 2, ("choice", None)),
-        ("auto", 2, ("choice", None)),
-        (None, 2, ("choice", None)),
+        (True, 2, ("choice", None)),
+        ("auto", 2, ("auto", None)),
+        ("auto", 1, ("auto", None)),
+        (None, 2, ("auto", None)),
         ("none", 2, ("text", None)),
+        (False, 2, ("text", None)),
         ("any", 0, ("text", None)),
     ],
 )
@@ -352,20 +355,30 @@ def test_prepare_call_modes_and_history_rendering():
         AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": "Berlin"}, "id": "c1"}]),
         ToolMessage("12C, rain", tool_call_id="c1"),
     ]
-    mode, _, chat, schema = ll.prepare_call(history, [_fn(get_weather)], "none", today=TODAY)
-    assert mode == "text" and schema is None
-    assert chat[0] == {"role": "system", "content": "a\n\nb"}  # merged, first, no date
+    mode, _, chat, schema = ll.prepare_call(history, [_fn(get_weather)], "required", today=None)
+    assert mode == "forced" and chat[0]["content"].startswith("a\n\nb\n\nCall the tool `get_weather`")
     assert [m["role"] for m in chat] == ["system", "user", "assistant", "user"]
     assert 'get_weather with arguments {"city": "Berlin"}' in chat[2]["content"]
     assert chat[3]["content"] == "Result of get_weather: 12C, rain"
+    # A text answer: calls appear only in their results, so the model cannot copy "I call the tool".
+    mode, _, chat, schema = ll.prepare_call(history, [_fn(get_weather)], "none", today=TODAY)
+    assert mode == "text" and schema is None
+    assert chat[0] == {"role": "system", "content": "a\n\nb"}  # merged, first, no date
+    merged = 'Weather in Berlin?\nResult of get_weather({"city": "Berlin"}): 12C, rain'
+    assert chat[1:] == [{"role": "user", "content": merged}]
 
     two = [_fn(search_flights), _fn(get_weather)]
-    mode, _, chat, schema = ll.prepare_call(history, two, "auto", today=None)
+    mode, _, chat, schema = ll.prepare_call(history, two, "any", today=None)
     assert mode == "route" and schema == ll.build_route_schema(two)
     assert schema["properties"]["tool"]["enum"] == ["search_flights", "get_weather"]
     assert "parameters" not in chat[0]["content"]  # names and descriptions only
-    mode, _, chat, schema = ll.prepare_call(history, two, "auto", today=None, two_stage=False)
+    mode, _, chat, schema = ll.prepare_call(history, two, "auto", today=None)
+    assert mode == "route" and schema["properties"]["tool"]["enum"] == ["search_flights", "get_weather", "answer"]
+    assert "- answer: no tool; reply to the user in plain text now." in chat[0]["content"]
+    mode, _, chat, schema = ll.prepare_call(history, two, "any", today=None, two_stage=False)
     assert mode == "choice" and "anyOf" in schema and "Today" not in chat[0]["content"]
+    mode, _, chat, schema = ll.prepare_call(history, two, None, today=None, two_stage=False)
+    assert mode == "choice" and schema["anyOf"][-1]["properties"] == {"tool": {"type": "string", "enum": ["answer"]}}
 
     fmt = {"type": "json_schema", "json_schema": {"schema": Contact.model_json_schema()}}
     mode, _, chat, schema = ll.prepare_call([HumanMessage("Ann, 30")], [], None, fmt, today=TODAY)
@@ -471,12 +484,88 @@ def test_two_stage_choice_text_and_async(fake_llm):
 def test_one_pass_choice_and_bad_route(fake_llm):
     model, server = fake_llm('{"tool": "get_weather", "arguments": {"city": "Rome"}}', '{"tool": "nope"}')
     one_pass = model.model_copy(update={"two_stage_choice": False})
-    msg = one_pass.bind_tools([search_flights, get_weather]).invoke("Weather in Rome?")
+    msg = one_pass.bind_tools([search_flights, get_weather], tool_choice="required").invoke("Weather in Rome?")
     assert (msg.tool_calls[0]["name"], msg.tool_calls[0]["args"]) == ("get_weather", {"city": "Rome"})
     assert "anyOf" in server.requests[0]["grammar"]
     bad = model.bind_tools([search_flights, get_weather]).invoke("?")
     assert not bad.tool_calls and "unknown tool" in bad.invalid_tool_calls[0]["error"]
     assert len(server.requests) == 2  # no second stage after an unusable route
+
+
+def test_answer_option_and_schemas():
+    assert ll.answer_option(["get_weather"]) == "answer"
+    assert ll.answer_option(["answer", "answer_2", "x"]) == "answer_3"  # never a tool's name
+    route = ll.build_route_schema([_fn(get_weather)], answer="answer")
+    assert route["properties"]["tool"]["enum"] == ["get_weather", "answer"]
+    choice = ll.build_choice_schema([_fn(get_weather)], answer="answer")
+    assert [b["properties"]["tool"]["enum"] for b in choice["anyOf"]] == [["get_weather"], ["answer"]]
+    assert choice["anyOf"][1]["required"] == ["tool"]
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", None])
+def test_auto_choice_may_answer_in_text(fake_llm, tool_choice):
+    model, server = fake_llm('{"tool": "answer"}', "Hello!")
+    msg = model.bind_tools([get_weather], tool_choice=tool_choice).invoke("Hi! Just say hello", stop=["\n\n"])
+    assert msg.content == "Hello!" and not msg.tool_calls and not msg.invalid_tool_calls
+    assert msg.usage_metadata["total_tokens"] == 36  # the route and the answer
+    route, answer = server.requests
+    assert '"enum": ["get_weather", "answer"]' in route["grammar"]
+    assert route["logit_bias"] == [["answer", 2.0]] and "stop" not in route
+    assert "grammar" not in answer and "logit_bias" not in answer and answer["stop"] == ["\n\n"]
+    assert "Tools:" not in answer["messages"][0]["content"]  # a plain answer, as with tool_choice="none"
+
+
+def test_auto_choice_still_calls_tools_and_required_cannot_answer(fake_llm):
+    model, server = fake_llm('{"tool": "get_weather"}', '{"city": "Rome"}', '{"city": "Oslo"}')
+    msg = model.bind_tools([get_weather]).invoke("Weather in Rome?")
+    assert msg.tool_calls[0]["args"] == {"city": "Rome"} and len(server.requests) == 2
+    forced = model.bind_tools([get_weather], tool_choice="required").invoke("Weather in Oslo?")
+    assert forced.tool_calls[0]["args"] == {"city": "Oslo"}
+    assert "answer" not in server.requests[2]["grammar"] and "logit_bias" not in server.requests[2]
+    unbiased, server = fake_llm('{"tool": "answer"}', "Hi.")
+    unbiased.answer_bias = 0.0
+    assert unbiased.bind_tools([get_weather]).invoke("Hi").content == "Hi."
+    assert "logit_bias" not in server.requests[0]
+
+
+def test_one_pass_auto_choice_may_answer(fake_llm):
+    model, server = fake_llm('{"tool": "answer"}', "Hello!")
+    one_pass = model.model_copy(update={"two_stage_choice": False})
+    msg = one_pass.bind_tools([search_flights, get_weather]).invoke("Hi")
+    assert msg.content == "Hello!" and not msg.tool_calls and len(server.requests) == 2
+
+
+_BERLIN = [
+    HumanMessage("Weather in Berlin?"),
+    AIMessage("", tool_calls=[{"name": "get_weather", "args": {"city": "Berlin"}, "id": "c1"}]),
+    ToolMessage("12C, rain", tool_call_id="c1"),
+]
+
+
+def test_auto_choice_answers_instead_of_repeating_the_last_call(fake_llm):
+    model, server = fake_llm('{"tool": "get_weather"}', '{"city": "Berlin"}', "12C and rain in Berlin.")
+    msg = model.bind_tools([get_weather]).invoke(_BERLIN)
+    assert msg.content == "12C and rain in Berlin." and not msg.tool_calls and len(server.requests) == 3
+    # Any successful call of the turn counts, not only the latest one.
+    later = [*_BERLIN, AIMessage("", tool_calls=[{"name": "search_flights", "id": "c2",
+                                                  "args": {"origin": "Berlin", "destination": "Rome", "date": "x"}}]),
+             ToolMessage("[]", tool_call_id="c2")]
+    looping, _ = fake_llm('{"tool": "get_weather"}', '{"city": "Berlin"}', "12C.")
+    assert looping.bind_tools([get_weather, search_flights]).invoke(later).content == "12C."
+    # Other arguments, a failed result, a forced call, or the guard off: the call stands.
+    other, _ = fake_llm('{"tool": "get_weather"}', '{"city": "Paris"}')
+    assert other.bind_tools([get_weather]).invoke(_BERLIN).tool_calls[0]["args"] == {"city": "Paris"}
+    failed = [*_BERLIN[:2], ToolMessage("timeout", tool_call_id="c1", status="error")]
+    retry, _ = fake_llm('{"tool": "get_weather"}', '{"city": "Berlin"}')
+    assert retry.bind_tools([get_weather]).invoke(failed).tool_calls
+    forced, _ = fake_llm('{"city": "Berlin"}')
+    assert forced.bind_tools([get_weather], tool_choice="get_weather").invoke(_BERLIN).tool_calls
+    unguarded, _ = fake_llm('{"tool": "get_weather"}', '{"city": "Berlin"}')
+    unguarded.repeat_guard = False
+    assert unguarded.bind_tools([get_weather]).invoke(_BERLIN).tool_calls
+    # A new user turn resets it: the same call may answer a new request.
+    again, _ = fake_llm('{"tool": "get_weather"}', '{"city": "Berlin"}')
+    assert again.bind_tools([get_weather]).invoke([*_BERLIN, AIMessage("12C."), HumanMessage("And now?")]).tool_calls
 
 
 def test_structured_output(fake_llm):

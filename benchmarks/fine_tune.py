@@ -1,0 +1,138 @@
+"""Fine-tuning from the shipped default vs training from scratch, on a few of a user's logs.
+
+For tau2-bench retail (74 tasks: 60 train -> 14 test, ``tau2_retail_split``) and BFCL
+multi-turn (scenarios 0 mod 5 held out, all four variants), both trained on the first 10, 25,
+50 and all training tasks (a seeded order of tasks; a BFCL task is a scenario with its
+variants), with the same config and steps, evaluated on the same held-out tasks. The default
+it starts from never saw those held-out tasks (``scripts/train_default.py`` leaves them out).
+Reported side by side: top-1 over tool calls (FINISH excluded, as ``evaluate`` does) and
+the live top-1 over every decision with FINISH among the candidates.
+
+Usage: python benchmarks/fine_tune.py [--domains tau2_retail,bfcl] [--sizes 10,25,50,all]
+       [--steps 1500] [--init default] [--json runs/fine_tune.json] [--plot runs/fine_tune.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.evaluation.offline import evaluate_offline
+from evoharness_agent.learning.config import TrainConfig
+from evoharness_agent.learning.trainer import task_group, train_on_episodes
+from evoharness_agent.logs.bundled import domain_episodes, split_bfcl, tau2_retail_split
+from evoharness_agent.policy import ToolPolicy
+from evoharness_agent.schema import Episode
+
+console = Console()
+
+
+def splits(domain: str) -> tuple[list[Episode], list[Episode]]:
+    """Return (train, test) episodes of a domain, split by task."""
+    episodes = domain_episodes(domain)
+    if domain == "tau2_retail":
+        return tau2_retail_split(episodes)
+    if domain == "bfcl":
+        return split_bfcl(episodes)
+    raise ValueError(f"no fine-tuning split for {domain!r}")
+
+
+def first_tasks(episodes: list[Episode], n: int | None, seed: int) -> list[Episode]:
+    """Return the episodes of the first ``n`` tasks in a seeded order (all when ``n`` is None)."""
+    groups: dict[str, list[Episode]] = {}
+    for position, episode in enumerate(episodes):
+        groups.setdefault(task_group(episode, position), []).append(episode)
+    order = sorted(groups)
+    random.Random(seed).shuffle(order)
+    return [ep for key in order[:n] for ep in groups[key]]
+
+
+def measure(train: list[Episode], test: list[Episode], init: str | None, steps: int, out: Path,
+            encoder: StateEncoder) -> dict[str, float]:
+    """Train (from ``init`` or from scratch) and return top-1 and live top-1 on ``test``."""
+    config = TrainConfig.model_validate({"training": {"steps": steps}, "logging": {"tensorboard": False}})
+    train_on_episodes(train, config, out, encoder=encoder, init=init, show_progress=False)
+    report = evaluate_offline(ToolPolicy.load(out, encoder=encoder), test, train, encoder=encoder)
+    return {"top1": report.metrics["policy"]["top1"], "top3": report.metrics["policy"]["top3"],
+            "live_top1": report.calibration.accuracy,
+            "embedding_similarity_top1": report.metrics["embedding_similarity"]["top1"],
+            "bigram_top1": report.metrics["bigram"]["top1"]}
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """Save the curves: top-1 against training tasks, from scratch and from the default."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+    for ax, (domain, rows) in zip(axes[0], results.items(), strict=True):
+        sizes = [row["n_tasks"] for row in rows]
+        for start, style in (("scratch", "--"), ("default", "-")):
+            ax.plot(sizes, [row[start]["top1"] for row in rows], style, marker="o", label=f"{start}: top-1")
+            ax.plot(sizes, [row[start]["live_top1"] for row in rows], style, marker="x", label=f"{start}: live top-1")
+        ax.set_xscale("log")
+        ax.set_xlabel("training tasks")
+        ax.set_ylim(0, 1)
+        ax.set_title(domain)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    """Run the curves for each domain, print them and write JSON (and a PNG)."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--domains", default="tau2_retail,bfcl")
+    parser.add_argument("--sizes", default="10,25,50,all")
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--init", default="default")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("runs/fine_tune"))
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=None)
+    args = parser.parse_args()
+    encoder = StateEncoder()
+    results: dict[str, Any] = {}
+    for domain in args.domains.split(","):
+        train, test = splits(domain)
+        rows = []
+        for size in args.sizes.split(","):
+            n = None if size == "all" else int(size)
+            subset = first_tasks(train, n, args.seed)
+            n_tasks = len({task_group(ep, i) for i, ep in enumerate(subset)})
+            row: dict[str, Any] = {"n_tasks": n_tasks, "n_episodes": len(subset)}
+            for start, init in (("scratch", None), ("default", args.init)):
+                row[start] = measure(subset, test, init, args.steps, args.out / domain / f"{size}_{start}", encoder)
+            rows.append(row)
+            console.print(f"{domain} {n_tasks} tasks: scratch {row['scratch']['top1']:.3f} / "
+                          f"{row['scratch']['live_top1']:.3f}, from default {row['default']['top1']:.3f} / "
+                          f"{row['default']['live_top1']:.3f} (top-1 / live top-1)")
+        results[domain] = rows
+        table = Table(title=f"{domain}: held-out top-1 (FINISH excluded) / live top-1 (FINISH included)")
+        for column in ("training tasks", "scratch", "from default", "embedding similarity"):
+            table.add_column(column, justify="right")
+        for row in rows:
+            table.add_row(str(row["n_tasks"]), f"{row['scratch']['top1']:.3f} / {row['scratch']['live_top1']:.3f}",
+                          f"{row['default']['top1']:.3f} / {row['default']['live_top1']:.3f}",
+                          f"{row['scratch']['embedding_similarity_top1']:.3f}")
+        console.print(table)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+    if args.plot:
+        plot(results, args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Write the shipped policy's ``MODEL_CARD.md`` from the JSON the measuring commands wrote: no hand-typed figures.
+
+Inputs (each written by the command named; a missing one is reported as "not measured"):
+
+* ``--train``: ``scripts/train_default.py --json`` (data, algorithm, training time, hardware);
+* ``--transfer``: ``benchmarks/transfer.py --json`` (leave one domain out);
+* ``--zero-shot``: ``benchmarks/zero_shot.py --json`` (the zero-shot agent suite);
+* the policy directory itself (``policy.json``: sizes, calibration; ``policy.safetensors``: size).
+
+Usage: python scripts/model_card.py [--policy evoharness_agent/trained/default]
+       [--train runs/default/train.json]
+       [--transfer runs/default/transfer.json] [--zero-shot runs/default/zero_shot.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+
+
+def _load(path: Path | None) -> dict[str, Any] | None:
+    """Read a JSON document, or ``None`` when it was not given or not written."""
+    return json.loads(path.read_text()) if path is not None and path.exists() else None
+
+
+def _parameters(weights: Path) -> int:
+    """Count the parameters stored in a safetensors file."""
+    total = 0
+    with safe_open(str(weights), framework="pt") as handle:
+        for key in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+            shape = handle.get_slice(key).get_shape()
+            count = 1
+            for size in shape:
+                count *= size
+            total += count
+    return total
+
+
+def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path) -> list[str]:
+    """Return the data / algorithm / size section."""
+    lines = ["## What it is", ""]
+    lines.append(f"- Algorithm: `{meta['algorithm']}` (params {meta.get('params') or 'default'}), network "
+                 f"{meta['network']}, encoder `{meta['encoder']}` (max {meta['max_seq_length']} tokens), history "
+                 f"window {meta['history_window']}, state layout {meta.get('state_layout')}.")
+    lines.append(f"- Size: {_parameters(weights):,} parameters, `policy.safetensors` "
+                 f"{weights.stat().st_size / 1024:.0f} KiB; tools seen in training: {len(meta['known_tools']):,}.")
+    if train is None:
+        lines.append("- Training run: not measured (run `scripts/train_default.py --json`).")
+        return lines
+    data = train.get("data") or {}
+    lines.append(f"- Data: {train.get('n_episodes', '?'):,} episodes, {train.get('n_transitions', '?'):,} "
+                 "decisions, every bundled domain minus its held-out split (episode counts before "
+                 f"keeping a share {config_share(train)} of the answer-only ones):")
+    for domain, count in sorted(data.items()):
+        lines.append(f"  - `{domain}`: {count:,} episodes")
+    config = train.get("config", {})
+    training = config.get("training", {})
+    lines.append(f"- Recipe: {config.get('data', {}).get('distractors', 0)} distractor tools per episode, "
+                 f"per-tool bias {'on' if config.get('model', {}).get('tool_bias') else 'off'}, "
+                 f"{training.get('steps')} steps of batch {training.get('batch_size')}.")
+    hardware = train.get("hardware", {})
+    lines.append(f"- Training time: {train.get('seconds', 0):.0f} s on {hardware.get('device', '?')} "
+                 f"({hardware.get('cpu_count', '?')} CPU cores, torch {hardware.get('torch', '?')}; wall time, "
+                 "other jobs may have shared the machine).")
+    return lines
+
+
+def config_share(train: dict[str, Any]) -> float:
+    """Return the share of answer-only episodes the run kept."""
+    return float(train.get("config", {}).get("data", {}).get("answer_only_share", 1.0))
+
+
+def _calibration(meta: dict[str, Any]) -> list[str]:
+    """Return the calibration section from the policy's metadata."""
+    calibration = meta.get("calibration")
+    lines = ["", "## Confidence", ""]
+    if not calibration:
+        return [*lines, "Not calibrated (the policy has no `calibration` metadata)."]
+    lines.append("Temperature scaling fit on the validation episodes when training ended:")
+    lines.append("")
+    lines.append("| temperature | decisions | ECE before | ECE after | coverage at 95% accuracy |")
+    lines.append("|---|---|---|---|---|")
+    nan = float("nan")
+    lines.append(f"| {calibration.get('temperature', nan):.3f} | {calibration.get('n_decisions', 0)} | "
+                 f"{calibration.get('ece_before', nan):.3f} | {calibration.get('ece_after', nan):.3f} | "
+                 f"{calibration.get('coverage_at_95', nan):.3f} |")
+    return lines
+
+
+def _transfer(transfer: dict[str, Any] | None) -> list[str]:
+    """Return the leave-one-domain-out table."""
+    lines = ["", "## Transfer: leave one domain out", ""]
+    if transfer is None:
+        return [*lines, "Not measured (run `benchmarks/transfer.py --json`)."]
+    lines.append("Trained on every other domain (siblings sharing users left out too), evaluated on the left-out "
+                 "domain's logged tool calls (top-1, ties against the policy), baselines in the same run.")
+    lines.append("")
+    lines.append("| left out | decisions | policy | embedding similarity | gap | bigram | FINISH accuracy |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for domain, result in transfer["results"].items():
+        metrics = result["metrics"]
+        policy, similarity = metrics["policy"]["top1"], metrics["embedding_similarity"]["top1"]
+        lines.append(f"| {domain} | {result['n_decisions']} | {policy:.3f} | {similarity:.3f} | "
+                     f"{policy - similarity:+.3f} | {metrics['bigram']['top1']:.3f} | "
+                     f"{result['finish_accuracy']:.3f} |")
+    return lines
+
+
+def _zero_shot(zero_shot: dict[str, Any] | None) -> list[str]:
+    """Return the zero-shot suite table."""
+    lines = ["", "## Zero-shot agent suite", ""]
+    if zero_shot is None:
+        return [*lines, "Not measured (run `benchmarks/zero_shot.py --json`)."]
+    suite = zero_shot["suite"]
+    lines.append(f"{len(suite['toolsets'])} invented toolsets, {suite['n_tasks']} tasks, {suite['n_decisions']} "
+                 "decisions, gold history, FINISH among the candidates.")
+    lines.append("")
+    lines.append("| chooser | step accuracy | task exact | repeats a call that just worked |")
+    lines.append("|---|---|---|---|")
+    for name, report in zero_shot["reports"].items():
+        overall = report["overall"]
+        lines.append(f"| {name} | {overall['step_accuracy']:.3f} | {overall['task_exact']:.3f} | "
+                     f"{overall['repeat_rate']:.3f} |")
+    return lines
+
+
+def main() -> None:
+    """Assemble the card and write it beside the policy."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--policy", type=Path, default=Path("evoharness_agent/trained/default"))
+    parser.add_argument("--train", type=Path, default=Path("runs/default/train.json"))
+    parser.add_argument("--transfer", type=Path, default=Path("runs/default/transfer.json"))
+    parser.add_argument("--zero-shot", type=Path, default=Path("runs/default/zero_shot.json"))
+    args = parser.parse_args()
+    meta = json.loads((args.policy / "policy.json").read_text())
+    lines = ["# Model card: the shipped default policy", "",
+             "Generated by `scripts/model_card.py` from the measuring commands' JSON; rebuild everything with "
+             "`make default`.", ""]
+    lines += _training(meta, _load(args.train), args.policy / "policy.safetensors")
+    lines += _calibration(meta)
+    lines += _transfer(_load(args.transfer))
+    lines += _zero_shot(_load(args.zero_shot))
+    (args.policy / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.policy / 'MODEL_CARD.md'}")
+
+
+if __name__ == "__main__":
+    main()

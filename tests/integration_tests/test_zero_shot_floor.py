@@ -1,0 +1,34 @@
+"""The shipped policy on the zero-shot suite: a floor just under today's figures, so a regression shows.
+
+The suite's tools occur in no log (:mod:`evoharness_agent.evaluation.zero_shot`), so this is the
+shipped policy's generalisation, not its memory of BFCL. Raise the floors when a better policy ships.
+"""
+
+from __future__ import annotations
+
+from evoharness_agent.demo import SHIPPED_POLICY
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.evaluation.zero_shot import ZERO_SHOT_TASKS, evaluate_zero_shot, random_expectation
+from evoharness_agent.policy import ToolPolicy
+
+# Measured on 2026-12-01 with the shipped general default (CQL on every bundled domain's training
+# split, state layout 3, scripts/train_default.py), CPU, 34 tasks / 107 decisions / 72 right after a
+# successful call: step accuracy 0.383 (41/107), task exact 0.059 (2/34), repeat rate 0.000 (0/72).
+# Embedding similarity (calls_per_turn=2) got 0.551 / 0.118 / 0.000 in the same run, random 0.136 / 0.014 / 0.136.
+# The issue's targets (0.90 / 0.75 / <= 0.02) are far off: see the model card.
+STEP_ACCURACY_FLOOR = 0.35
+TASK_EXACT_FLOOR = 0.025  # at least one task right end to end
+REPEAT_RATE_CEILING = 0.05  # at most 3 of the 72 decisions after a successful call
+
+
+def test_shipped_policy_stays_above_the_zero_shot_floor(agent_encoder: StateEncoder) -> None:
+    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=agent_encoder, device="cpu")
+    report = evaluate_zero_shot(policy, ZERO_SHOT_TASKS)
+    overall = report.overall
+    assert overall.n_tasks == len(ZERO_SHOT_TASKS)
+    figures = (f"step accuracy {overall.step_accuracy:.3f}, task exact {overall.task_exact:.3f}, "
+               f"repeat rate {overall.repeat_rate}")
+    assert overall.step_accuracy >= STEP_ACCURACY_FLOOR, figures
+    assert overall.task_exact >= TASK_EXACT_FLOOR, figures
+    assert overall.repeat_rate is not None and overall.repeat_rate <= REPEAT_RATE_CEILING, figures
+    assert overall.step_accuracy > random_expectation(ZERO_SHOT_TASKS).overall.step_accuracy
