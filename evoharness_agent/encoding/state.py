@@ -25,6 +25,7 @@ slots through :data:`REQUEST_SLOT` and :data:`PREVIOUS_TOOL_SLOT`. Nothing else 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -132,8 +133,6 @@ class StateParts:
     """Calls since the request (scaled) and whether the last call failed."""
     previous_tool: str | None
     """The tool called last, if any."""
-    called_in_turn: set[str]
-    """Tools called since the latest user message."""
     called_before: set[str]
     """Tools called anywhere earlier in the episode."""
     calls_in_turn: Counter[str] = field(default_factory=Counter)
@@ -162,15 +161,16 @@ class StateParts:
         """
         request = self.request.lower()
         request_words = set(_WORD.findall(request))
+        just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
         out = []
         for tool in tools:
             name = tool.name
-            just = self.last_call is not None and self.last_call[0] == name
+            just = name == just_called
             out.append([
-                float(name in self.called_in_turn),
+                float(name in self.calls_in_turn),
                 float(name in self.called_before),
-                float(just and not self.last_call[1]) if self.last_call else 0.0,
-                float(just and self.last_call[1]) if self.last_call else 0.0,
+                float(just and not just_failed),
+                float(just and just_failed),
                 float(name in self.failed_in_turn),
                 min(self.calls_in_turn[name], 5) / 5.0,
                 _named_in(name, request, request_words),
@@ -187,12 +187,18 @@ _GENERIC_WORDS = frozenset({"get", "set", "the", "for", "and", "with", "from", "
 _ID_ARGUMENT = re.compile(r"(?:^|_)(?:id|ids|uuid|token|key)$|[a-z]Id$|ID$")
 
 
+@functools.lru_cache(maxsize=65536)
+def _name_words(name: str) -> tuple[str, ...]:
+    """Return the distinctive lower-case words of a tool name (computed once per name: a hot path)."""
+    words = (w.lower() for w in _NAME_PARTS.findall(name))
+    return tuple(w for w in words if len(w) >= 3 and w not in _GENERIC_WORDS)
+
+
 def _named_in(name: str, request: str, request_words: set[str]) -> float:
     """Return 1 when the request contains the tool's name, else the share of its name's words it contains."""
     if name.lower() in request:
         return 1.0
-    words = [w.lower() for w in _NAME_PARTS.findall(name)]
-    words = [w for w in words if len(w) >= 3 and w not in _GENERIC_WORDS]
+    words = _name_words(name)
     if not words:
         return 0.0
     # A word counts when the request has it, or a word sharing its first five letters (book/booking).
@@ -223,14 +229,13 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     """Return what the policy sees after the steps in ``prefix``."""
     request, calls_since_request, last_error, previous_tool = task, 0, 0.0, None
     history: list[str] = []
-    in_turn: set[str] = set()
     before: set[str] = set()
     counts: Counter[str] = Counter()
     failed: set[str] = set()
     known = [task]
     for step in prefix:
         if step.kind == "user":
-            request, calls_since_request, in_turn, counts, failed = step.content, 0, set(), Counter(), set()
+            request, calls_since_request, counts, failed = step.content, 0, Counter(), set()
             known.append(step.content)
             continue
         history.append(step_text(step))
@@ -238,7 +243,6 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
             calls_since_request += 1
             last_error = float(step.error)
             previous_tool = step.tool
-            in_turn.add(step.tool)
             before.add(step.tool)
             counts[step.tool] += 1
             if step.error:
@@ -247,7 +251,7 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     last = prefix[-1] if prefix else None
     last_call = (last.tool, last.error) if last is not None and last.kind == "tool_call" and last.tool else None
     features = [min(calls_since_request, 20) / 10.0, last_error]
-    return StateParts(task, request, history[::-1][:history_window], features, previous_tool, in_turn, before,
+    return StateParts(task, request, history[::-1][:history_window], features, previous_tool, before,
                       counts, failed, last_call, "\n".join(known).lower())
 
 

@@ -121,8 +121,9 @@ class TransitionDataset:
     def pairs(self, index: torch.Tensor) -> torch.Tensor:
         """Return the dense ``(len(index), N, F)`` pair features of the transitions at ``index``.
 
-        They are stored sparsely (one row per available tool with a non-zero feature): dense,
-        they would take transitions x tools x features, and the general data has thousands of tools.
+        They are stored sparsely (one row per tool available at the decision; the others are all
+        zero): dense, they would take transitions x tools x features, and the general data has
+        thousands of tools.
         """
         t = self.tensors
         offsets, tools, values = t["pair_offsets"], t["pair_tools"], t["pair_values"]
