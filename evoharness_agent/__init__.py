@@ -49,15 +49,19 @@ _EXPORTS = {
     "ToolPolicy": "evoharness_agent.policy",
     "ToolScore": "evoharness_agent.policy",
     "PolicyAgentExecutor": "evoharness_agent.agents.executor",
+    "Approval": "evoharness_agent.agents.guardrails",
     "Guardrails": "evoharness_agent.agents.guardrails",
     # needs the optional ``langchain`` extra
     "PolicyToolSelectorMiddleware": "evoharness_agent.agents.middleware",
+    # needs the optional ``server`` extra (httpx)
+    "PolicyClient": "evoharness_agent.server.client",
     "OfflineReport": "evoharness_agent.evaluation.offline",
     "evaluate_offline": "evoharness_agent.evaluation.offline",
     "LocalChatModel": "evoharness_agent.local_llm",
 }
 
 __all__ = [
+    "Approval",
     "Episode",
     "EpisodeRecorder",
     "FINISH",
@@ -87,8 +91,8 @@ __all__ = [
     "train_on_episodes",
     "write_episodes",
 ]
-"""``PolicyToolSelectorMiddleware`` is importable too, but left out of star imports: it needs the
-``langchain`` extra."""
+"""``PolicyToolSelectorMiddleware`` and ``PolicyClient`` are importable too, but left out of star
+imports: they need the ``langchain`` and ``server`` extras."""
 
 if TYPE_CHECKING:
     from evoharness_agent.agents.executor import PolicyAgentExecutor
@@ -106,6 +110,7 @@ if TYPE_CHECKING:
     from evoharness_agent.policy import PolicySession, ToolPolicy, ToolScore
     from evoharness_agent.rewards import RewardConfig, shape_rewards
     from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
+    from evoharness_agent.server.client import PolicyClient  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

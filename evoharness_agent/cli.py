@@ -65,15 +65,48 @@ class Arguments(str, Enum):
     llm = "llm"
 
 
+class _ManyValuesCommand(typer.core.TyperCommand):
+    """A command whose path options take several values after one flag, as well as the flag repeated.
+
+    Click gives an option one value per flag, so ``--data a.jsonl b.jsonl`` is rewritten to
+    ``--data a.jsonl --data b.jsonl`` before parsing: every token after such a flag, up to the
+    next one that starts with ``-``, is another value.
+    """
+
+    many_values = frozenset({"--data", "--baseline-data"})
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        """Repeat a many-valued flag before each of its values, then parse as usual.
+
+        ``ctx`` is the context of Typer's own (private) copy of click, which it does not export.
+        """
+        rewritten: list[str] = []
+        flag: str | None = None
+        for position, token in enumerate(args):
+            if token == "--":
+                rewritten += args[position:]
+                break
+            if token.startswith("-"):
+                name = token.split("=", 1)[0]
+                flag = name if name in self.many_values else None
+                rewritten.append(token)
+            elif flag is not None and rewritten[-1] != flag:
+                rewritten += [flag, token]
+            else:
+                rewritten.append(token)
+        return super().parse_args(ctx, rewritten)
+
+
 def _fail(message: str) -> typer.Exit:
     """Print an error and return the exit to raise."""
     console.print(f"[bold red]error:[/] {message}", highlight=False)
     return typer.Exit(code=2)
 
 
-@app.command()
+@app.command(cls=_ManyValuesCommand)
 def train(
-    data: Annotated[list[Path], typer.Option("--data", help="Log files or directories (repeatable).")],
+    data: Annotated[list[Path], typer.Option("--data", help="Log files or directories: --data a.jsonl b.jsonl, "
+                                                            "or --data a.jsonl --data b.jsonl.")],
     out: Annotated[Path, typer.Option(help="Where the policy, checkpoints and logs go.")],
     algo: Annotated[Algo | None, typer.Option(help="Algorithm (default: config, else cql).")] = None,
     log_format: Annotated[Format, typer.Option("--format", help="Log format.")] = Format.auto,
@@ -129,15 +162,17 @@ LLMOption = Annotated[str | None, typer.Option(help="LangChain chat model, 'modu
                                                     "factory) or a local model name.")]
 
 
-@app.command()
+@app.command(cls=_ManyValuesCommand)
 def evaluate(
     policy: Annotated[Path, typer.Option(help="Policy directory.")],
     data: Annotated[list[Path] | None, typer.Option(
-        "--data", help="Logs to evaluate on (repeatable; required without --env).")] = None,
+        "--data", help="Logs to evaluate on (required without --env): --data a.jsonl b.jsonl, or "
+                       "--data a.jsonl --data b.jsonl.")] = None,
     log_format: Annotated[Format, typer.Option("--format", help="Log format.")] = Format.auto,
     baseline_data: Annotated[list[Path] | None, typer.Option(
-        help="Logs the count baselines are fit on (default: the policy's training logs; with --env, "
-             "the environment's train split).")] = None,
+        help="Logs the count baselines are fit on (default: the bundled data the policy was trained on, "
+             "by name; logs it records by path are read only when given here; with --env, the "
+             "environment's train split).")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write metrics as JSON here.")] = None,
     plot: Annotated[Path | None, typer.Option(
         help="Write a PNG plot here (offline: the calibration plot too, as STEM_calibration.png).")] = None,
@@ -152,6 +187,9 @@ def evaluate(
              "the 'LLM chooses' baseline, and fills arguments with --args llm.")] = None,
     markdown: Annotated[Path | None, typer.Option(help="With --env: write a markdown table here.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the random baseline (with --env).")] = 0,
+    results: Annotated[Path | None, typer.Option(
+        help="With --env: append each task's result to this JSONL file as it finishes, so an interrupted "
+             "run keeps what it measured (default with --json: STEM.tasks.jsonl beside it).")] = None,
 ) -> None:
     """Next-tool prediction of a policy against four baselines, in one run; with --env, task success online."""
     from evoharness_agent.evaluation.offline import evaluate_offline
@@ -160,21 +198,31 @@ def evaluate(
 
     if env is not None:
         _evaluate_online(policy, env, variant, split, limit, args, llm, baseline_data, log_format,
-                         skip_invalid, json_out, markdown, plot, seed)
+                         skip_invalid, json_out, markdown, plot, seed, results)
         return
     if not data:
         raise _fail("give --data (offline evaluation) or --env (online evaluation)")
     try:
         loaded_policy = ToolPolicy.load(policy)
         episodes = _load(data, log_format.value, skip_invalid)
-        baseline_paths = baseline_data or loaded_policy.meta["config"]["data"]["paths"]
-        if not baseline_paths:
-            raise ValueError("the policy does not record its training logs: pass --baseline-data")
-        baseline_format = log_format.value if baseline_data else loaded_policy.meta["config"]["data"]["format"]
-        baseline = _load(baseline_paths, baseline_format, skip_invalid)
+        if not episodes:
+            raise ValueError(f"no episodes to evaluate in {' '.join(map(str, data))}")
+        trained_on = (loaded_policy.meta.get("config") or {}).get("data") or {}
+        if baseline_data:
+            baseline = _load(baseline_data, log_format.value, skip_invalid)
+        elif trained_on.get("bundled"):
+            # Bundled data is recorded by name (the shipped default), so it is found wherever the package is.
+            from evoharness_agent.logs.bundled import training_set
+
+            baseline = training_set(trained_on["bundled"])
+        else:
+            # Paths recorded in a policy file are never read unasked: the file may come from anyone.
+            recorded = " ".join(str(path) for path in trained_on.get("paths") or [])
+            raise ValueError("pass --baseline-data (the logs the count baselines are fit on)"
+                             + (f"; the policy records its training logs as: {recorded}" if recorded else ""))
+        report = evaluate_offline(loaded_policy, episodes, baseline)  # refuses logs with no decision
     except (LogFormatError, ValueError, FileNotFoundError) as error:
         raise _fail(str(error)) from error
-    report = evaluate_offline(loaded_policy, episodes, baseline)
     print_report(report, f"{policy}", console)
     if json_out:
         report.write_json(json_out)
@@ -211,7 +259,7 @@ def _arguments_fn(args: Arguments, llm: Any) -> Any:
 def _evaluate_online(policy_dir: Path, env: EnvName, variant: str, split: Split, limit: int | None,
                      args: Arguments, llm_spec: str | None, baseline_data: list[Path] | None, log_format: Format,
                      skip_invalid: bool, json_out: Path | None, markdown: Path | None, plot: Path | None,
-                     seed: int) -> None:
+                     seed: int, results: Path | None = None) -> None:
     """Run the policy and the baselines in an environment; print and write the report."""
     from evoharness_agent.envs.registry import load_environment
     from evoharness_agent.evaluation.baselines import CountBaselines
@@ -242,9 +290,18 @@ def _evaluate_online(policy_dir: Path, env: EnvName, variant: str, split: Split,
     if llm is not None:
         choosers.append(LLMChooser(llm))
     console.print(f"{setup.name}: {len(setup.tasks)} tasks x {len(choosers)} choosers, {args.value} arguments")
+    results = results or (json_out.with_suffix(".tasks.jsonl") if json_out else None)
+    if results:
+        console.print(f"each task's result is appended to {results} as it finishes")
     report = evaluate_online(setup.env, setup.tasks, choosers, arguments=arguments, env_name=setup.name,
-                             arguments_name=args.value)
+                             arguments_name=args.value, results_path=results, show_progress=True, console=console)
     print_online_report(report, console)
+    for name, runs in report.results.items():
+        if failed := [run for run in runs if run.llm_failures]:
+            ended = sum(run.error is not None for run in failed)
+            console.print(f"[yellow]{name}: {sum(r.llm_failures for r in failed)} LLM calls failed in {len(failed)} "
+                          f"tasks ({ended} ended there, counted as failures); first: "
+                          f"{next((r.error for r in failed if r.error), None) or getattr(arguments, 'last_error', '')}")
     for path, write, what in ((json_out, report.write_json, "results"), (markdown, report.write_markdown, "table"),
                               (plot, report.plot, "plot")):
         if path:
@@ -292,6 +349,79 @@ def collect(
     returns = [episode.metadata["rollout"]["return"] for episode in episodes]
     console.print(f"{len(episodes)} episodes from {setup.name} ({chooser.name}) written to [bold]{out}[/]: "
                   f"success rate {sum(rewards) / len(rewards):.3f}, mean return {sum(returns) / len(returns):.2f}")
+
+
+@app.command()
+def serve(
+    policy: Annotated[str, typer.Option(help="Policy directory, or 'default' (the shipped general policy).")
+                      ] = "default",
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    workers: Annotated[int, typer.Option(min=1, help="Worker processes, each with its own policy and sessions "
+                                                     "(clients reopen a session another worker does not hold).")] = 1,
+    defer_threshold: Annotated[float, typer.Option(min=0.0, max=1.0, help="defer_to_llm is true when the best "
+                                                   "action's calibrated probability is under this.")] = 0.5,
+) -> None:
+    """Serve the policy over HTTP (FastAPI on uvicorn): /predict, /predict/batch, /sessions, /healthz, /metrics."""
+    try:
+        import uvicorn
+
+        from evoharness_agent.policy import ToolPolicy
+        from evoharness_agent.server.app import ENV_DEFER_THRESHOLD, ENV_POLICY, create_app
+    except ImportError as error:
+        raise _fail(f"{error}: serve needs the server extra: pip install 'evoharness-agent[server]'") from error
+    try:
+        loaded = ToolPolicy.load(policy)  # a bad directory fails here, once, with its reason
+    except (ValueError, FileNotFoundError, OSError) as error:
+        raise _fail(str(error)) from error
+    if workers == 1:
+        uvicorn.run(create_app(loaded, defer_threshold=defer_threshold), host=host, port=port)
+        return
+    # Each worker process builds its own app from these settings.
+    os.environ[ENV_POLICY], os.environ[ENV_DEFER_THRESHOLD] = policy, str(defer_threshold)
+    del loaded
+    uvicorn.run("evoharness_agent.server.app:create_app_from_env", factory=True, host=host, port=port,
+                workers=workers)
+
+
+@app.command(cls=_ManyValuesCommand)
+def export(
+    policy: Annotated[str, typer.Option(help="Policy directory, or 'default' (the shipped general policy).")],
+    out: Annotated[Path, typer.Option(help="Where the export goes: the policy's files plus scorer.onnx, "
+                                           "encoder.onnx and tokenizer.json.")],
+    int8: Annotated[bool, typer.Option("--int8", help="Quantise the sentence encoder's weights to INT8 "
+                                                      "(dynamic, per channel).")] = False,
+    data: Annotated[list[Path] | None, typer.Option(
+        "--data", help="Held-out logs the parity with torch is measured on (default: the bundled BFCL "
+                       "held-out scenarios).")] = None,
+    log_format: Annotated[Format, typer.Option("--format", help="Log format of --data.")] = Format.auto,
+    threads: Annotated[int | None, typer.Option(help="onnxruntime threads for the parity check.")] = None,
+) -> None:
+    """Export the scorer and the sentence encoder as ONNX (optionally INT8); measure and record parity with torch."""
+    try:
+        from evoharness_agent.evaluation.parity import backend_parity
+        from evoharness_agent.inference.onnx_export import export_policy, record_parity
+        from evoharness_agent.policy import ToolPolicy
+    except ImportError as error:
+        raise _fail(f"{error}: export needs the onnx extra: pip install 'evoharness-agent[onnx]'") from error
+    from evoharness_agent.logs.bundled import bfcl_paths, read_native, split_bfcl
+
+    try:
+        reference = ToolPolicy.load(policy, device="cpu")  # a bad directory fails here, with its reason
+        episodes = (_load(data, log_format.value, False) if data
+                    else split_bfcl(read_native(bfcl_paths(["base"])[0]))[1])
+    except (ValueError, FileNotFoundError, OSError, LogFormatError) as error:
+        raise _fail(str(error)) from error
+    section = export_policy(policy, out, int8=int8)
+    parity = backend_parity(reference, ToolPolicy.load(out, backend="onnx", threads=threads), episodes)
+    source = [str(path) for path in data] if data else "bundled BFCL base, held-out scenarios"
+    record_parity(out, {**parity.as_dict(), "data": source})
+    console.print(f"exported {policy} to [bold]{out}[/] (encoder {section['precision']}, scorer fp32). "
+                  f"Parity with torch on {parity.n_decisions} held-out decisions: top-1 agreement "
+                  f"{parity.top1_agreement:.4f} (accuracy {parity.reference_accuracy:.4f} torch, "
+                  f"{parity.candidate_accuracy:.4f} onnx); embedding cosine mean {parity.embedding_cosine_mean:.4f}, "
+                  f"min {parity.embedding_cosine_min:.4f} over {parity.n_texts} texts. Recorded in policy.json.",
+                  highlight=False)
 
 
 @app.command()

@@ -37,7 +37,7 @@ from evoharness_agent.logs.events import RANK_EVENT
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import FINISH, Episode
 
-__all__ = ["AGENT_SCENARIOS", "SHIPPED_POLICY", "run_agent_demo", "run_demo"]
+__all__ = ["AGENT_SCENARIOS", "SHIPPED_POLICY", "checked_tools", "run_agent_demo", "run_demo"]
 
 SHIPPED_POLICY = shipped_policy_dir()
 """The policy shipped with the project (``scripts/train_default.py``: training splits only)."""
@@ -125,7 +125,7 @@ class _RankingPrinter(BaseCallbackHandler):
                                f"{score['probability']:.2f}", highlight=False)
 
 
-def _logged_tools(env: BFCLEnvironment) -> list[BaseTool]:
+def checked_tools(env: BFCLEnvironment) -> list[BaseTool]:
     """Return the env's available tools, each call going through ``env.step`` so that BFCL's check sees it.
 
     An erroring call raises ``ToolException`` inside the tool, which the tool handles: the
@@ -160,7 +160,7 @@ def _run_scenario(env: BFCLEnvironment, llm: BaseChatModel, policy: ToolPolicy, 
     console.print(f"[bold]user:[/] {escape(observation.user_message)}")
     gold = ", ".join(f"{a.tool}({_shown(a.arguments)})" for a in env.gold_actions(0))
     console.print(f"  [dim]gold calls (BFCL): {gold}[/]")
-    executor = PolicyAgentExecutor(llm=llm, tools=_logged_tools(env), policy=policy, max_iterations=MAX_AGENT_STEPS)
+    executor = PolicyAgentExecutor(llm=llm, tools=checked_tools(env), policy=policy, max_iterations=MAX_AGENT_STEPS)
     started = time.perf_counter()
     output = ""
     for chunk in executor.stream({"input": observation.user_message},

@@ -8,13 +8,14 @@ built by the same code as the training states (:mod:`evoharness_agent.encoding.s
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.state import (
@@ -28,11 +29,14 @@ from evoharness_agent.encoding.state import (
 )
 from evoharness_agent.learning.algorithms import Algorithm, ToolInputs
 from evoharness_agent.learning.calibration import softmax_with_temperature
-from evoharness_agent.learning.checkpoints import DEFAULT_POLICY, load_policy, save_policy
+from evoharness_agent.learning.checkpoints import DEFAULT_POLICY, load_policy, resolve_policy_dir, save_policy
 from evoharness_agent.runtime import pick_device
 from evoharness_agent.schema import FINISH, Step, ToolSpec, as_tool_spec, finish_spec
 
-__all__ = ["PolicySession", "ToolPolicy", "ToolScore"]
+if TYPE_CHECKING:  # onnxruntime is the optional ``onnx`` extra: imported only for backend="onnx"
+    from evoharness_agent.inference.onnx_runtime import OnnxScorer
+
+__all__ = ["PolicySession", "RankingPolicy", "RankingSession", "ToolPolicy", "ToolScore"]
 
 @dataclass(frozen=True)
 class ToolScore:
@@ -47,12 +51,55 @@ class ToolScore:
     probability: float
 
 
+@runtime_checkable
+class RankingSession(Protocol):
+    """What the executor uses of a live run's policy view: :class:`PolicySession`, or a remote one."""
+
+    def observe(self, step: Step) -> None:
+        """Record a step of the run."""
+
+    def rank(self, available: Collection[str] | None = None) -> list[ToolScore]:
+        """Rank the tools (and FINISH) for the current state, best first."""
+
+
+@runtime_checkable
+class RankingPolicy(Protocol):
+    """What the executor and the middleware use of a policy, local or remote.
+
+    A :class:`ToolPolicy`, or a client of a policy server
+    (``evoharness_agent.server.client.PolicyClient``): agents work against either alike.
+    """
+
+    def rank(self, task: str, history: Sequence[Step] = (), tools: Sequence[Any] = (), *,
+             available: Collection[str] | None = None) -> list[ToolScore]:
+        """Rank the available tools (and FINISH) for one state, best first."""
+
+    def session(self, task: str, tools: Sequence[Any]) -> RankingSession:
+        """Start an incremental session for one run."""
+
+
 class ToolPolicy:
     """Ranks tools for a (task, history) state with a trained offline-RL policy."""
 
     def __init__(self, algorithm: Algorithm, meta: dict[str, Any], encoder: StateEncoder,
-                 device: str = "cpu") -> None:
-        """Wrap a trained algorithm; prefer :meth:`load`."""
+                 device: str = "cpu", *, backend: str = "torch", onnx_scorer: OnnxScorer | None = None) -> None:
+        """Wrap a trained algorithm; prefer :meth:`load`.
+
+        ``backend="onnx"`` scores on onnxruntime (CPU): with ``onnx_scorer`` (an export's
+        ``scorer.onnx``), else with the algorithm's scorer exported now, in memory. Texts are
+        embedded by ``encoder`` as given: ``load(dir, backend="onnx")`` passes the export's
+        :class:`~evoharness_agent.inference.onnx_runtime.OnnxStateEncoder`.
+        """
+        if backend not in ("torch", "onnx"):
+            raise ValueError(f"backend={backend!r}: expected 'torch' or 'onnx'")
+        if backend == "onnx" and onnx_scorer is None:
+            from evoharness_agent.inference.onnx_export import export_scorer
+            from evoharness_agent.inference.onnx_runtime import OnnxScorer
+
+            onnx_scorer = OnnxScorer(export_scorer(algorithm, int(meta["state_dim"]), int(meta["tool_dim"]),
+                                                   max(1, len(meta["known_tools"]))))
+        self.backend = backend
+        self._onnx_scorer = onnx_scorer if backend == "onnx" else None
         self.algorithm = algorithm
         self.meta = meta
         self.encoder = encoder
@@ -66,19 +113,35 @@ class ToolPolicy:
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_POLICY, *, encoder: StateEncoder | None = None,
-             device: str | None = None) -> ToolPolicy:
+             device: str | None = None, backend: str = "torch", threads: int | None = None) -> ToolPolicy:
         """Load a policy directory written by training or :meth:`save` (safetensors, no pickle).
 
         ``"default"`` (the default) is the general policy shipped inside the package.
+        ``backend="onnx"`` runs a directory that ``evoharness-agent export`` wrote on onnxruntime
+        (scorer and encoder, CPU, ``threads`` intra-op threads; ``None``: onnxruntime's default).
+
+        Raises:
+            FileNotFoundError: ``path`` is not a policy directory.
+            PolicyFormatError: a file is damaged or out of bounds; the message names the file and field.
+
         """
+        if backend == "onnx":
+            from evoharness_agent.inference.onnx_runtime import OnnxScorer, OnnxStateEncoder, onnx_section
+
+            algorithm, meta = load_policy(path, "cpu")
+            folder = resolve_policy_dir(path)
+            scorer = OnnxScorer(folder / onnx_section(meta, path)["scorer"], threads)
+            return cls(algorithm, meta, encoder or OnnxStateEncoder(folder, meta, threads=threads), "cpu",
+                       backend=backend, onnx_scorer=scorer)
         device = pick_device(device)
         algorithm, meta = load_policy(path, device)
         encoder = encoder or StateEncoder(meta["encoder"], max_seq_length=int(meta["max_seq_length"]))
-        return cls(algorithm, meta, encoder, device)
+        return cls(algorithm, meta, encoder, device, backend=backend)  # an unknown backend fails here
 
     def save(self, path: str | Path) -> None:
-        """Write the acting networks and metadata to a directory, atomically per file."""
-        save_policy(path, self.algorithm, self.meta)
+        """Write the acting networks and metadata to a directory, both files as one atomic update."""
+        # An ONNX export's section names graph files that this directory will not have.
+        save_policy(path, self.algorithm, {key: value for key, value in self.meta.items() if key != "onnx"})
 
     def _tool_inputs(self, specs: Sequence[ToolSpec]) -> ToolInputs:
         """Embed tools (cached) and look up their bias rows."""
@@ -128,6 +191,11 @@ class ToolPolicy:
         if include_finish:
             specs.append(finish_spec())
         tool_inputs, state_inputs = self._tool_inputs(specs), self._state_inputs(states, specs, available)
+        if self._onnx_scorer is not None:
+            assert tool_inputs.ids is not None  # _tool_inputs always looks the ids up
+            scores = self._onnx_scorer.scores(state_inputs[0].numpy(), tool_inputs.embeddings.numpy(),
+                                              tool_inputs.ids.numpy(), state_inputs[1].numpy())
+            return [s.name for s in specs], scores
         with self._lock:  # the algorithm scores against one tool table at a time
             self.algorithm.tools = tool_inputs
             scores = self.algorithm.scores(*state_inputs).float().cpu().numpy()
@@ -172,15 +240,56 @@ class PolicySession:
         self.policy = policy
         self.task = task
         self.tools = list(tools)
+        self._tool_names = {as_tool_spec(tool).name for tool in self.tools} | {FINISH}
         self.history: list[Step] = []
         policy.encoder.embed([task])
 
-    def observe(self, step: Step) -> None:
-        """Record a step (tool call, reply or user message) and embed its text once."""
-        self.history.append(step)
+    def observe(self, step: Step | Mapping[str, Any]) -> None:
+        """Record a step (tool call, reply or user message) and embed its text once.
+
+        Args:
+            step: a :class:`~evoharness_agent.schema.Step`, or its dict form as in the logs, e.g.
+                ``{"tool": "search", "arguments": {...}, "observation": "...", "error": False}``
+                (``kind`` defaults to ``"tool_call"``).
+
+        Raises:
+            TypeError: ``step`` is neither a Step nor a mapping.
+            ValueError: the step is not valid (the message names the field); it is not kept,
+                so the session ranks on as before.
+
+        """
+        if isinstance(step, Mapping):
+            try:
+                step = Step.model_validate(dict(step))
+            except ValidationError as err:
+                problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'step'}: {e['msg']}" for e in err.errors())
+                raise ValueError(f"not a valid step ({problems})") from None
+        elif not isinstance(step, Step):
+            raise TypeError(f"observe() takes a Step or its dict form, not {type(step).__name__}")
         policy_text = step.content if step.kind == "user" else step_text(step)
         self.policy.encoder.embed([policy_text])
+        self.history.append(step)  # only now: a step that failed above must not break later ranks
 
     def rank(self, available: Collection[str] | None = None) -> list[ToolScore]:
-        """Rank the tools for the current state."""
+        """Rank the tools for the current state.
+
+        Args:
+            available: the names of the tools callable now (FINISH is always ranked);
+                ``None``: all of the session's tools.
+
+        Raises:
+            TypeError: ``available`` is one string (a set of its characters is never meant).
+            ValueError: a name in ``available`` is none of the session's tools.
+
+        """
+        if available is not None:
+            if isinstance(available, str):
+                raise TypeError("available= takes a collection of tool names, not one string")
+            unknown = sorted(set(available) - self._tool_names)
+            if unknown:  # `tools` may have grown since the names were read: read them again
+                self._tool_names = {as_tool_spec(tool).name for tool in self.tools} | {FINISH}
+                unknown = sorted(set(available) - self._tool_names)
+            if unknown:
+                raise ValueError(f"available= names no tool of this session: {unknown}; "
+                                 f"its tools are {sorted(self._tool_names - {FINISH})}")
         return self.policy.rank(self.task, self.history, self.tools, available=available)

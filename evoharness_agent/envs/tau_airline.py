@@ -1,10 +1,10 @@
 """tau-bench airline tasks as executable environments over the airline JSON database.
 
 :class:`TauAirlineEnvironment` turns one bundled tau-bench airline task (an ``Episode`` of
-``data/tau_bench/airline_test.jsonl.gz``: the instruction, then the gold calls as replayed by
+``evoharness_agent/data/tau_bench/airline_test.jsonl.gz``: the instruction, then the gold calls as replayed by
 tau-bench) into a :class:`~evoharness_agent.envs.base.ToolUseEnv`:
 
-* the database is tau-bench's airline DB (``data/tau_bench/db/airline/{flights,reservations,
+* the database is tau-bench's airline DB (``evoharness_agent/data/tau_bench/db/airline/{flights,reservations,
   users}.json.gz``, MIT), fresh for every reset;
 * the 14 tools are written here after tau-bench's airline tools (sierra-research/tau-bench
   @59a200c, MIT), with the schemas of ``airline_tools.json`` (the episode's ``tools``); they

@@ -222,7 +222,10 @@ class _LLMRun:
         tools = [{"type": "function", "function": {"name": spec.name, "description": spec.description,
                                                    "parameters": spec.parameters}}
                  for name, spec in self.specs.items() if name in available]
-        reply = self.llm.bind_tools(tools).invoke(self.messages) if tools else None
+        from evoharness_agent.agents.llm_calls import invoke_llm
+
+        # A failed call raises LLMCallError: the rollout ends this task as a failure and goes on.
+        reply = invoke_llm(self.llm.bind_tools(tools), self.messages, None) if tools else None
         calls = getattr(reply, "tool_calls", None) or []
         # Whatever tool it names is taken, even one it was not offered: that is an invalid call.
         return [calls[0]["name"]] if calls else [FINISH]

@@ -112,7 +112,13 @@ def evaluate_offline(
     *,
     encoder: StateEncoder | None = None,
 ) -> OfflineReport:
-    """Score the policy and the baselines on every logged decision of ``episodes``."""
+    """Score the policy and the baselines on every logged decision of ``episodes``.
+
+    Raises:
+        ValueError: ``episodes`` hold no decision (no tool call and no reply): there is
+            nothing to measure, and an all-zero report would pass for a result.
+
+    """
     encoder = encoder or policy.encoder
     counts = CountBaselines(baseline_episodes)
     tallies = {name: _Tally() for name in ("policy", *BASELINES)}
@@ -158,6 +164,9 @@ def evaluate_offline(
             tallies["random"].add_expected(int(candidates.sum()))
             best = np.where(candidates, policy_scores[row], -np.inf)
             confusion[point.action][names[int(np.argmax(best))]] += 1
+    if not finish_n:
+        raise ValueError(f"nothing to evaluate: the {len(episodes)} episodes given hold no logged "
+                         "decision (tool call or reply)")
     return OfflineReport(
         n_decisions=tallies["policy"].n,
         metrics={name: tally.result() for name, tally in tallies.items()},

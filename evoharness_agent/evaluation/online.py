@@ -14,26 +14,46 @@ and the env executes it::
 :func:`rollout` runs one chooser on one task, :func:`evaluate_online` every chooser on every
 task into an :class:`OnlineReport`, and :func:`collect` rolls out a behaviour chooser and
 returns the runs as native episodes (for offline RL).
+
+A failed LLM call (a prompt over the context, a timeout, a provider error; see
+:class:`~evoharness_agent.agents.llm_calls.LLMCallError`) costs one decision when it fills
+arguments (the call is made without them) and one task when it chooses (the task ends as a
+failure); both are counted in the results, and the run goes on. :func:`evaluate_online` can
+append each task's result to a JSONL file as it finishes and show progress.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
+from evoharness_agent.agents.llm_calls import LLMCallError
 from evoharness_agent.envs.base import Task, ToolAction, ToolUseEnv
 from evoharness_agent.evaluation.choosers import Chooser
 from evoharness_agent.evaluation.reports import online_markdown, plot_online_report
+from evoharness_agent.runtime import append_line
 from evoharness_agent.schema import FINISH, Episode
 
 __all__ = [
     "ArgumentsFn",
     "EpisodeResult",
+    "LLMArguments",
     "OnlineReport",
     "collect",
     "evaluate_online",
@@ -56,14 +76,28 @@ def gold_arguments(env: ToolUseEnv, tool: str) -> ToolAction:
     return gold_action(tool)
 
 
-def llm_arguments(llm: Any) -> ArgumentsFn:
-    """Fill the chosen tool's arguments with a LangChain chat model (``agents.llm_calls.fill_arguments``)."""
-    from langchain_core.exceptions import OutputParserException
-    from langchain_core.messages import HumanMessage
+class LLMArguments:
+    """Fill the chosen tool's arguments with a LangChain chat model (``agents.llm_calls.fill_arguments``).
 
-    from evoharness_agent.agents.llm_calls import build_messages, fill_arguments
+    A reply with no usable arguments, or a failed LLM call, costs that decision only: the call
+    is made without arguments, so it shows as an invalid call. Failed calls are counted in
+    :attr:`failures` (``rollout`` reports them per task as ``llm_failures``).
+    """
 
-    def fill(env: ToolUseEnv, tool: str) -> ToolAction:
+    def __init__(self, llm: Any) -> None:
+        """Use ``llm`` (a LangChain chat model) for every argument filling."""
+        self.llm = llm
+        self.failures = 0
+        """LLM calls that failed so far (context overflow, timeout, provider error)."""
+        self.last_error: str | None = None
+
+    def __call__(self, env: ToolUseEnv, tool: str) -> ToolAction:
+        """Return the call of ``tool`` with the LLM's arguments (none when the LLM gave none)."""
+        from langchain_core.exceptions import OutputParserException
+        from langchain_core.messages import HumanMessage
+
+        from evoharness_agent.agents.llm_calls import build_messages, fill_arguments
+
         if tool == FINISH or tool not in env.tools:
             return ToolAction(tool)
         assert env.task is not None
@@ -73,12 +107,19 @@ def llm_arguments(llm: Any) -> ArgumentsFn:
                  for step in env.steps if step.kind == "tool_call"]
         messages = build_messages(env.task.turns[env.turn], steps, chat_history=earlier)
         try:
-            return ToolAction(tool, fill_arguments(llm, env.tools[tool], messages).arguments)
+            return ToolAction(tool, fill_arguments(self.llm, env.tools[tool], messages).arguments)
         except OutputParserException:
             # No usable arguments: make the call anyway, so the failure shows as an invalid call.
             return ToolAction(tool)
+        except LLMCallError as error:
+            self.failures += 1
+            self.last_error = str(error)
+            return ToolAction(tool)
 
-    return fill
+
+def llm_arguments(llm: Any) -> LLMArguments:
+    """Fill the chosen tool's arguments with a LangChain chat model (see :class:`LLMArguments`)."""
+    return LLMArguments(llm)
 
 
 # ---------------------------------------------------------------------------- rollouts
@@ -100,29 +141,47 @@ class EpisodeResult:
     turns: int
     turns_succeeded: int
     truncated: bool
+    llm_failures: int = 0
+    """LLM calls that failed (context overflow, timeout, provider error); each cost its decision."""
+    error: str | None = None
+    """Why the task ended before the env ended it (a failed LLM choice); such a run is a failure."""
+
+
+def _result(env: ToolUseEnv, *, llm_failures: int = 0, error: str | None = None) -> EpisodeResult:
+    """Summarise the run ``env`` holds; a run ended by ``error`` is a failure."""
+    calls = [step for step in env.steps if step.kind == "tool_call"]
+    assert env.task is not None
+    return EpisodeResult(
+        task_id=env.task.id, success=False if error is not None else env.success, steps=len(env.rewards),
+        calls=len(calls), invalid_calls=sum(step.error for step in calls), episode_return=float(sum(env.rewards)),
+        turns=len(env.task.turns), turns_succeeded=sum(result is True for result in env.turn_results),
+        truncated=env.truncated, llm_failures=llm_failures, error=error)
 
 
 def rollout(env: ToolUseEnv, chooser: Chooser, task: Task | Episode | str | None = None, *,
             arguments: ArgumentsFn = gold_arguments) -> EpisodeResult:
-    """Run ``chooser`` on ``task`` (default: the env's) until the episode ends; ``env`` keeps the run."""
+    """Run ``chooser`` on ``task`` (default: the env's) until the episode ends; ``env`` keeps the run.
+
+    A failed LLM call of the chooser (:class:`~evoharness_agent.agents.llm_calls.LLMCallError`)
+    ends the task as a failure, with the error in :attr:`EpisodeResult.error`.
+    """
     obs, _ = env.reset(task)
+    failures_before = getattr(arguments, "failures", 0)  # counted by LLMArguments
     session = chooser.session(obs.task, env.tool_specs())
     seen = 0
     terminated = truncated = False
     while not (terminated or truncated):
-        ranked = session.rank(obs.available_tools)
+        try:
+            ranked = session.rank(obs.available_tools)
+        except LLMCallError as error:
+            failures = getattr(arguments, "failures", 0) - failures_before + 1
+            return _result(env, llm_failures=failures, error=str(error))
         obs, _, terminated, truncated, _ = env.step(arguments(env, ranked[0] if ranked else FINISH))
         # One decision logs its step, and after FINISH also the next turn's user step.
         for step in env.steps[seen:]:
             session.observe(step)
         seen = len(env.steps)
-    calls = [step for step in env.steps if step.kind == "tool_call"]
-    assert env.task is not None
-    return EpisodeResult(
-        task_id=env.task.id, success=env.success, steps=len(env.rewards), calls=len(calls),
-        invalid_calls=sum(step.error for step in calls), episode_return=float(sum(env.rewards)),
-        turns=len(env.task.turns), turns_succeeded=sum(result is True for result in env.turn_results),
-        truncated=env.truncated)
+    return _result(env, llm_failures=getattr(arguments, "failures", 0) - failures_before)
 
 
 def reward_turns(episode: Episode, turn_reward: float) -> Episode:
@@ -217,6 +276,7 @@ class OnlineReport:
                 "avg_steps": _mean([run.steps for run in runs]),
                 "avg_return": _mean([run.episode_return for run in runs]),
                 "invalid_call_rate": sum(run.invalid_calls for run in runs) / calls if calls else 0.0,
+                "llm_failures": sum(run.llm_failures for run in runs),
             }
         return out
 
@@ -244,12 +304,42 @@ class OnlineReport:
 
 def evaluate_online(env: ToolUseEnv, tasks: Sequence[Task | Episode], choosers: Sequence[Chooser], *,
                     arguments: ArgumentsFn = gold_arguments, env_name: str = "env",
-                    arguments_name: str = "gold") -> OnlineReport:
-    """Run every chooser on every task in ``env``; return their per-task results."""
+                    arguments_name: str = "gold", results_path: str | Path | None = None,
+                    show_progress: bool = False, console: Console | None = None) -> OnlineReport:
+    """Run every chooser on every task in ``env``; return their per-task results.
+
+    ``results_path``: append each task's result, as it finishes, to this JSONL file (one
+    ``{"run", "chooser", ...EpisodeResult}`` line, written whole), so an interrupted run keeps
+    what it measured. ``show_progress``: a progress bar with the tasks done, the successes so
+    far and the time left (on ``console``).
+    """
     names = [chooser.name for chooser in choosers]
     if len(set(names)) != len(names):
         raise ValueError(f"chooser names must be distinct: {names}")
     report = OnlineReport(env_name, arguments_name)
-    for chooser in choosers:
-        report.results[chooser.name] = [rollout(env, chooser, task, arguments=arguments) for task in tasks]
+    run_id = time.strftime("%Y-%m-%dT%H:%M:%S")
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[successes]} succeeded"), TimeElapsedColumn(), TimeRemainingColumn(),
+                        console=console, disable=not show_progress)
+    with progress:
+        for chooser in choosers:
+            bar = progress.add_task(f"{env_name} {chooser.name}", total=len(tasks), successes=0)
+            runs = report.results[chooser.name] = []
+            for task in tasks:
+                result = rollout(env, chooser, task, arguments=arguments)
+                runs.append(result)
+                if results_path is not None:
+                    append_line(results_path, json.dumps({"run": run_id, "env": env_name, "chooser": chooser.name,
+                                                          **asdict(result)}))
+                progress.update(bar, advance=1, successes=sum(run.success is True for run in runs))
+                if show_progress and not progress.console.is_terminal:
+                    _log_progress(progress, bar)
     return report
+
+
+def _log_progress(progress: Progress, bar: TaskID) -> None:
+    """Print one line of progress: a bar is not redrawn when the output is a file or a pipe (a log)."""
+    task = progress.tasks[bar]
+    left = f", about {task.time_remaining / 60:.0f} min left" if task.time_remaining else ""
+    progress.console.print(f"{task.description}: {task.completed:.0f}/{task.total:.0f} tasks, "
+                           f"{task.fields['successes']} succeeded{left}", highlight=False)

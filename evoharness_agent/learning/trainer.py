@@ -38,6 +38,7 @@ from evoharness_agent.learning.checkpoints import (
 from evoharness_agent.learning.config import TrainConfig
 from evoharness_agent.learning.networks import masked_scores
 from evoharness_agent.learning.precision import training_autocast
+from evoharness_agent.logs.bundled import training_set
 from evoharness_agent.logs.importers import load_episodes
 from evoharness_agent.runtime import atomic_write_bytes, pick_device
 from evoharness_agent.schema import FINISH, Episode
@@ -162,7 +163,7 @@ def train_on_episodes(
         "config": config.model_dump(),
     }
     generator = torch.Generator(device=device).manual_seed(config.training.seed)
-    start = load_checkpoint(out, algorithm, generator) if resume else 0
+    start = load_checkpoint(out, algorithm, generator, meta) if resume else 0
     if init is not None and start == 0:
         initialise_from(algorithm, init, dataset.tools.names)
 
@@ -218,11 +219,14 @@ def train_on_episodes(
 
 def train(config: TrainConfig, out: str | Path, *, init: str | Path | None = None,
           resume: bool = False, show_progress: bool = True) -> TrainResult:
-    """Load the logs named in ``config.data`` and train; see :func:`train_on_episodes`."""
-    loaded = load_episodes(config.data.paths, config.data.format, skip_invalid=config.data.skip_invalid,
-                           default_reward=config.data.default_reward)
-    if loaded.skipped:
-        print(loaded.summary())
-    return train_on_episodes(loaded.episodes, config, out, init=init, resume=resume,
+    """Load the logs of ``config.data`` (its bundled set, then its paths) and train; see :func:`train_on_episodes`."""
+    episodes = training_set(config.data.bundled) if config.data.bundled else []
+    if config.data.paths or not episodes:
+        loaded = load_episodes(config.data.paths, config.data.format, skip_invalid=config.data.skip_invalid,
+                               default_reward=config.data.default_reward)
+        if loaded.skipped:
+            print(loaded.summary())
+        episodes += loaded.episodes
+    return train_on_episodes(episodes, config, out, init=init, resume=resume,
                              show_progress=show_progress)
 

@@ -3,30 +3,34 @@
 It binds tools and structured output like any LangChain chat model, builds each call with
 ``prompting``, runs it on the ``worker`` process, and loads only weights whose sha256 is
 the expected one (``weights``). Tool calls and structured output are decoded under JSON
-schemas, so their arguments always parse and match the tool's schema.
+schemas, so their arguments always parse and match the tool's schema. ``stream`` sends text
+(and structured JSON) token by token as llama.cpp writes it, and a tool call in one chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from contextlib import closing
 from functools import partial
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LanguageModelInput
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from evoharness_agent.local_llm.prompting import (
     _normalize_tool_choice,
@@ -36,10 +40,13 @@ from evoharness_agent.local_llm.prompting import (
     _structured_schema,
     answer_option,
     build_grammar,
+    chat_chars,
+    context_overflow,
+    fit_chat,
     parse_tool_reply,
     prepare_call,
 )
-from evoharness_agent.local_llm.weights import MODELS, ensure_model, verify_sha256
+from evoharness_agent.local_llm.weights import DEFAULT_MODEL, MODELS, ensure_model, verify_sha256
 from evoharness_agent.local_llm.worker import LocalModelError, _get_server, _release_servers, available_cores
 
 __all__ = ["LocalChatModel"]
@@ -50,6 +57,24 @@ def _add_usage(total: dict[str, int], response: Mapping[str, Any]) -> None:
     for key, value in (response.get("usage") or {}).items():
         if isinstance(value, int):
             total[key] = total.get(key, 0) + value
+
+
+def _check_reply(response: Any) -> dict[str, Any]:
+    """Return a llama.cpp reply (or stream chunk), or raise ``LocalModelError`` if it is an error."""
+    if not isinstance(response, dict) or "error" in response:
+        err = response.get("error") if isinstance(response, dict) else response
+        message = err.get("message", err) if isinstance(err, dict) else err
+        raise LocalModelError(f"llama.cpp failed the request: {message}")
+    return response
+
+
+def _drain(replies: Generator[Any, None, ChatResult]) -> ChatResult:
+    """Run a reply generator to its end, dropping what it streams, and return its result."""
+    while True:
+        try:
+            next(replies)
+        except StopIteration as done:
+            return done.value
 
 
 class LocalChatModel(BaseChatModel):
@@ -63,7 +88,7 @@ class LocalChatModel(BaseChatModel):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     model_path: str
-    """Path of the GGUF file."""
+    """Path of the GGUF file (omitted: the bundled default model, ``DEFAULT_MODEL``)."""
     sha256: str | None = None
     """Expected sha256 of ``model_path``, checked before loading (None: not checked)."""
     temperature: float = 0.0
@@ -97,6 +122,19 @@ class LocalChatModel(BaseChatModel):
     verbose: bool = False
     """Whether llama.cpp logs to stderr."""
 
+    _chars_per_token: float = PrivateAttr(default=3.0)
+    """Prompt characters per token, as llama.cpp counted them (the lowest seen; 3.0 until measured)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_model(cls, values: Any) -> Any:
+        """Without a ``model_path``, run the bundled default model (``DEFAULT_MODEL``), its sha256 checked."""
+        if isinstance(values, dict) and values.get("model_path") is None:
+            spec = MODELS[DEFAULT_MODEL]
+            values = {**values, "model_path": str(ensure_model(spec.name))}
+            values.setdefault("sha256", spec.sha256)
+        return values
+
     @field_validator("n_threads")
     @classmethod
     def _cap_threads(cls, value: int | None) -> int:
@@ -125,6 +163,13 @@ class LocalChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         """Return the LangChain type tag of this model."""
         return "evoharness-local-llamacpp"
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        """Return the standard tracing parameters: provider llama.cpp, the GGUF file as the model name."""
+        params = super()._get_ls_params(stop=stop, **kwargs)
+        params["ls_provider"] = "llamacpp"
+        params.setdefault("ls_model_name", Path(self.model_path).name)  # a per-call ``model`` is already set
+        return params
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -199,7 +244,7 @@ class LocalChatModel(BaseChatModel):
             ls_structured_output_format={"kwargs": {"method": "json_schema"}, "schema": schema},
         )
         parser: Runnable[Any, Any]
-        if isinstance(schema, type) and issubclass(schema, BaseModel):
+        if isinstance(schema, type) and is_basemodel_subclass(schema):  # pydantic v2 or v1 models
             parser = PydanticOutputParser(pydantic_object=schema)
         else:
             parser = JsonOutputParser()
@@ -215,16 +260,16 @@ class LocalChatModel(BaseChatModel):
         """Return the date the model is told is today."""
         return self.current_date or dt.date.today()
 
-    def _complete(
+    def _request(
         self,
         chat: list[dict[str, str]],
         stop: list[str] | None,
         schema: dict[str, Any] | None,
         logit_bias: list[list[Any]] | None = None,
     ) -> dict[str, Any]:
-        """Run one chat completion on llama.cpp and return its raw response."""
+        """Build the OpenAI-style chat-completion request of one llama.cpp call, its prompt fit to ``n_ctx``."""
         request: dict[str, Any] = {
-            "messages": chat,
+            "messages": self._fit(chat),
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
             "cache_prompt": True,
@@ -237,24 +282,102 @@ class LocalChatModel(BaseChatModel):
             request["grammar"] = build_grammar(schema)
         if logit_bias:
             request["logit_bias"] = logit_bias  # llama.cpp: [[text, bias]] biases the text's tokens
-        response = self._server().handle_chat_completions(request)
-        if not isinstance(response, dict) or "error" in response or not response.get("choices"):
-            err = response.get("error") if isinstance(response, dict) else response
-            message = err.get("message", err) if isinstance(err, dict) else err
-            raise LocalModelError(f"llama.cpp failed the request: {message}")
+        return request
+
+    def _learn_ratio(self, chat: list[dict[str, str]], tokens: int) -> None:
+        """Lower the characters-per-token estimate to what llama.cpp counted for ``chat``."""
+        self._chars_per_token = min(self._chars_per_token, 0.9 * chat_chars(chat) / tokens)
+
+    def _fit(self, chat: list[dict[str, str]]) -> list[dict[str, str]]:
+        """Cut the oldest tool results until the prompt leaves ``max_tokens`` of the context for the reply."""
+        budget = max(self.n_ctx - self.max_tokens, self.n_ctx // 4)
+        try:
+            return fit_chat(chat, int(budget * self._chars_per_token))
+        except ValueError as error:
+            raise LocalModelError(f"the prompt does not fit the context of {self.n_ctx} tokens: {error}; "
+                                  "give the model a larger n_ctx") from None
+
+    def _complete(
+        self,
+        chat: list[dict[str, str]],
+        stop: list[str] | None,
+        schema: dict[str, Any] | None,
+        logit_bias: list[list[Any]] | None = None,
+    ) -> dict[str, Any]:
+        """Run one chat completion on llama.cpp and return its raw response.
+
+        A prompt that llama.cpp still finds too long (the characters-per-token guess was off) is
+        fit again with the token count llama.cpp reported, and retried (twice at most).
+        """
+        for attempt in range(3):
+            request = self._request(chat, stop, schema, logit_bias)
+            try:
+                response = _check_reply(self._server().handle_chat_completions(request))
+                break
+            except LocalModelError as error:
+                overflow = context_overflow(str(error))
+                if overflow is None or attempt == 2:
+                    raise
+                self._learn_ratio(request["messages"], overflow[0])
+        prompt_tokens = (response.get("usage") or {}).get("prompt_tokens")
+        # Short prompts are mostly chat-template tokens: only long ones tell the ratio that matters.
+        if isinstance(prompt_tokens, int) and prompt_tokens >= self.n_ctx // 4:
+            self._learn_ratio(request["messages"], prompt_tokens)
+        if not response.get("choices"):
+            raise LocalModelError(f"llama.cpp failed the request: no choices in {response}")
         return response
 
-    def _generate(
+    def _call(
         self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
+        chat: list[dict[str, str]],
+        stop: list[str] | None,
+        schema: dict[str, Any] | None,
+        logit_bias: list[list[Any]] | None = None,
+        *,
+        stream: bool = False,
+    ) -> Generator[str, None, dict[str, Any]]:
+        """Run one chat completion; with ``stream``, yield its text as llama.cpp writes it.
+
+        Either way the return value is the response as a non-streamed call gives it.
+        """
+        if not stream:
+            return self._complete(chat, stop, schema, logit_bias)
+        request = self._request(chat, stop, schema, logit_bias)
+        request["stream_options"] = {"include_usage": True}  # token counts come in the last chunk
+        pieces: list[str] = []
+        finish: str | None = None
+        response: dict[str, Any] = {}
+        overflow = False
+        # closing: an early stop of the caller cancels the generation and frees the worker.
+        with closing(self._server().stream_chat_completions(request)) as chunks:
+            for chunk in chunks:
+                if not pieces and "error" in chunk and context_overflow(json.dumps(chunk["error"])) is not None:
+                    overflow = True
+                    break
+                for choice in _check_reply(chunk).get("choices") or []:
+                    finish = choice.get("finish_reason") or finish
+                    if delta := (choice.get("delta") or {}).get("content"):
+                        pieces.append(delta)
+                        yield delta
+                response |= {key: chunk[key] for key in ("usage", "timings") if chunk.get(key)}
+        if overflow:
+            # Refused as too long before a token was written: the non-streamed call fits the
+            # prompt again on llama.cpp's token count and retries; its text comes as one piece.
+            response = self._complete(chat, stop, schema, logit_bias)
+            if text := _reply_text(response):
+                yield text
+            return response
+        return {"choices": [{"message": {"content": "".join(pieces)}, "finish_reason": finish}], **response}
+
+    def _reply(
+        self, messages: list[BaseMessage], stop: list[str] | None, *, stream: bool, **kwargs: Any
+    ) -> Generator[str, None, ChatResult]:
         """Generate one reply: plain text, a constrained tool call, or constrained JSON.
 
         With ``tool_choice`` "auto" or unset, the route may pick the answer option: the reply is
-        then plain text from a second, unconstrained call.
+        then plain text from a second, unconstrained call. With ``stream``, the call that writes
+        the reply's text (a text answer or structured JSON) yields it as it is generated; route
+        and tool-argument calls do not stream, as their JSON is read whole into a tool call.
         """
         functions: list[dict[str, Any]] = list(kwargs.get("tools") or [])
         names = [f["name"] for f in functions]
@@ -271,7 +394,9 @@ class LocalChatModel(BaseChatModel):
         auto = _normalize_tool_choice(kwargs.get("tool_choice"), functions)[0] == "auto"
         answer = answer_option(names)
         bias = [[answer, self.answer_bias]] if auto and self.answer_bias else None
-        response = self._complete(chat, None if mode == "route" else stop, schema, bias)
+        response = yield from self._call(
+            chat, None if mode == "route" else stop, schema, bias, stream=stream and mode == "text"
+        )
         _add_usage(usage, response)
         content = _reply_text(response)
         message: AIMessage | None = None
@@ -286,7 +411,7 @@ class LocalChatModel(BaseChatModel):
             elif mode == "route":
                 mode, forced, chat, schema = prepare_call(messages, functions, picked, today=today)
             if message is None and mode != "choice":
-                response = self._complete(chat, stop, schema)
+                response = yield from self._call(chat, stop, schema, stream=stream and mode == "text")
                 _add_usage(usage, response)
                 content = _reply_text(response)
         if message is None:
@@ -296,7 +421,7 @@ class LocalChatModel(BaseChatModel):
                 message = AIMessage(content=content)
         if auto and self.repeat_guard and message.tool_calls and _repeats_a_call(messages, message.tool_calls[0]):
             mode, forced, chat, schema = prepare_call(messages, functions, "none", today=today)
-            response = self._complete(chat, stop, schema)
+            response = yield from self._call(chat, stop, schema, stream=stream)
             _add_usage(usage, response)
             message = AIMessage(content=_reply_text(response))
         choice = response["choices"][0]
@@ -315,6 +440,56 @@ class LocalChatModel(BaseChatModel):
             generations=[ChatGeneration(message=message, generation_info=info)],
             llm_output={"model_name": Path(self.model_path).name, "token_usage": usage},
         )
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        """Generate one reply: plain text, a constrained tool call, or constrained JSON."""
+        return _drain(self._reply(messages, stop, stream=False, **kwargs))
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        """Stream one reply: text token by token from llama.cpp, a tool call as one chunk once decoded.
+
+        A tool call is not streamed in pieces: its JSON is checked against the tool names first,
+        and a call the model decided on may still become a text answer (``repeat_guard``). The
+        last chunk (``chunk_position="last"``) carries the tool calls, the token usage and the
+        response metadata. ``astream`` runs this in a thread (LangChain's default ``_astream``).
+        """
+        streamed = False
+        with closing(self._reply(messages, stop, stream=True, **kwargs)) as replies:
+            while True:
+                try:
+                    delta = next(replies)
+                except StopIteration as done:
+                    result: ChatResult = done.value
+                    break
+                streamed = True
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
+                if run_manager is not None:
+                    run_manager.on_llm_new_token(delta, chunk=chunk)
+                yield chunk
+        generation = result.generations[0]
+        message = generation.message
+        assert isinstance(message, AIMessage)  # _reply builds AIMessages
+        last = AIMessageChunk(
+            content="" if streamed else message.content,  # streamed text is already out
+            tool_calls=message.tool_calls,
+            invalid_tool_calls=message.invalid_tool_calls,
+            usage_metadata=message.usage_metadata,
+            response_metadata=message.response_metadata,
+            chunk_position="last",
+        )
+        yield ChatGenerationChunk(message=last, generation_info=generation.generation_info)
 
     async def _agenerate(
         self,

@@ -18,6 +18,7 @@ import json
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.messages import (
@@ -36,6 +37,9 @@ __all__ = [
     "build_choice_schema",
     "build_grammar",
     "build_route_schema",
+    "chat_chars",
+    "context_overflow",
+    "fit_chat",
     "parse_tool_reply",
     "prepare_call",
     "relative_date_hints",
@@ -49,7 +53,10 @@ ARGS_KEY = "arguments"
 
 
 def _close_objects(schema: Any) -> Any:
-    """Return a copy of a JSON schema whose objects with properties forbid extra keys."""
+    """Return a copy of a JSON schema whose objects with a ``properties`` key forbid extra keys.
+
+    An empty ``properties`` (a tool without arguments) is closed too: its only value is ``{}``.
+    """
     # Without this LLGuidance lets a small model invent arguments the tool would reject.
     if isinstance(schema, list):
         return [_close_objects(item) for item in schema]
@@ -58,7 +65,6 @@ def _close_objects(schema: Any) -> Any:
     out = {key: _close_objects(value) for key, value in schema.items()}
     if (
         isinstance(out.get("properties"), dict)
-        and out["properties"]
         and "additionalProperties" not in out
         and out.get("type", "object") == "object"
     ):
@@ -501,3 +507,146 @@ def _parse_route(content: str, names: Sequence[str]) -> str | None:
         return None
     name = data.get(TOOL_KEY) if isinstance(data, dict) else None
     return name if name in names else None
+
+
+# --------------------------------------------------------------------------- fitting the context
+
+RESULTS_HEADER = "Results so far:"
+"""The line after which ``agents.llm_calls.build_messages`` lists the results, one numbered block each."""
+_NUMBERED = re.compile(r"\d+\. ")
+_RESULT_HEAD = 120
+"""Characters a cut result keeps: its call (tool and arguments) and the start of its output."""
+_OVERFLOW = re.compile(r"\((\d+) tokens\) exceeds the available context size \((\d+) tokens\)")
+
+
+def chat_chars(chat: Sequence[Mapping[str, str]]) -> int:
+    """Return the characters of a chat's contents (what :func:`fit_chat` budgets)."""
+    return sum(len(turn["content"]) for turn in chat)
+
+
+def context_overflow(message: str) -> tuple[int, int] | None:
+    """Return (request tokens, context tokens) when llama.cpp refused a prompt as too long, else ``None``."""
+    match = _OVERFLOW.search(message)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+@dataclass
+class _Segment:
+    """A piece of a chat turn: a tool result (which may be cut) or other text (kept)."""
+
+    text: str
+    is_result: bool
+
+
+def _segments(content: str) -> list[_Segment]:
+    """Split a user turn into segments, in order.
+
+    A result starts at a line ``Result of ...`` (a tool message, see :func:`_to_chat_messages`)
+    or, after a :data:`RESULTS_HEADER` line, at a numbered line; the lines up to the next start
+    belong to it (observations span lines).
+    """
+    segments: list[_Segment] = []
+    numbered = False
+    for line in content.splitlines(keepends=True):
+        if line.strip() == RESULTS_HEADER:
+            numbered = True
+            segments.append(_Segment(line, False))
+        elif line.startswith("Result of ") or (numbered and _NUMBERED.match(line)):
+            segments.append(_Segment(line, True))
+        elif segments:
+            segments[-1].text += line
+        else:
+            segments.append(_Segment(line, False))
+    return segments
+
+
+def _shorten(text: str, excess: int, keep: int) -> tuple[str, int]:
+    """Cut ``text``'s tail by about ``excess`` characters (keeping ``keep``), noting the cut; return it and the rest."""
+    cut = min(len(text) - keep, excess + 60)  # the note itself takes room
+    if cut <= 0:
+        return text, excess
+    note = f" [... {cut} characters left out to fit the model's context]\n"
+    shortened = text[: len(text) - cut].rstrip() + note
+    gained = len(text) - len(shortened)
+    return (shortened, excess - gained) if gained > 0 else (text, excess)
+
+
+def fit_chat(chat: Sequence[Mapping[str, str]], max_chars: int) -> list[dict[str, str]]:
+    """Return ``chat`` with at most ``max_chars`` characters of content, cutting the oldest results first.
+
+    Tool results (see :func:`_segments`) are shortened from the oldest on, each keeping its head
+    (which call it answers) and a note of what was left out; if that is not enough, whole earlier
+    exchanges (assistant turns, turns of results) are left out, oldest first. The instructions,
+    the tool list and the requests are never cut.
+
+    Raises:
+        ValueError: the chat does not fit even with every result cut.
+
+    """
+    excess = chat_chars(chat) - max_chars
+    if excess <= 0:
+        return [dict(turn) for turn in chat]
+    turns = [(turn, _segments(turn["content"]) if turn["role"] == "user" else [_Segment(turn["content"], False)])
+             for turn in chat]
+    results = [segment for _, segments in turns for segment in segments if segment.is_result]
+    for segment in results:  # first each result keeps its head: which call it answers
+        if excess > 0:
+            segment.text, excess = _shorten(segment.text, excess, _RESULT_HEAD)
+    only_results = [all(seg.is_result or not seg.text.strip() for seg in segments) for _, segments in turns]
+    for (_, segments), results_only in zip(turns, only_results, strict=True):
+        if not results_only:  # then whole results inside a request's turn go, oldest first, but the newest
+            excess = _drop_results([seg for seg in segments if seg.is_result and seg is not results[-1]], excess)
+    fitted = [{**turn, "content": "".join(segment.text for segment in segments)} for turn, segments in turns]
+    if excess > 0:  # then whole earlier turns of results and calls
+        fitted, excess = _drop_old_turns(fitted, only_results, excess)
+    if excess > 0:
+        raise ValueError(f"the prompt needs {excess} characters more than the model's context holds even with "
+                         "every earlier result and exchange left out (the instructions, tools and requests stay)")
+    return fitted
+
+
+def _drop_results(segments: list[_Segment], excess: int) -> int:
+    """Empty result segments of one turn, oldest first, until ``excess`` is gone; one note says how many."""
+    if excess <= 0 or not segments:
+        return excess
+    reserve = 70  # the note, written once the count is known
+    excess += reserve
+    dropped = 0
+    for segment in segments:
+        if excess <= 0:
+            break
+        excess -= len(segment.text)
+        segment.text = ""
+        dropped += 1
+    segments[0].text = f"[{dropped} earlier results left out to fit the model's context]\n"
+    return excess - reserve + len(segments[0].text)
+
+
+def _drop_old_turns(chat: list[dict[str, str]], only_results: list[bool], excess: int) -> tuple[
+        list[dict[str, str]], int]:
+    """Leave out whole earlier exchanges (assistant turns, turns of results), oldest first; return chat and excess.
+
+    The system turn, the first user turn (the task), every other request and the last turn stay.
+    """
+    users = [i for i, turn in enumerate(chat) if turn["role"] == "user"]
+    first_user = users[0] if users else -1
+    droppable = [i for i, turn in enumerate(chat[:-1])
+                 if i != first_user and (turn["role"] == "assistant" or (turn["role"] == "user" and only_results[i]))]
+    dropped: set[int] = set()
+    note_size = 70  # the note that replaces them
+    excess += note_size
+    for i in droppable:
+        if excess <= 0:
+            break
+        dropped.add(i)
+        excess -= len(chat[i]["content"])
+    if not dropped:
+        return chat, excess - note_size
+    note = {"role": "user", "content": f"[{len(dropped)} earlier turns left out to fit the model's context]"}
+    kept: list[dict[str, str]] = []
+    for i, turn in enumerate(chat):
+        if i == min(dropped):
+            kept.append(note)
+        if i not in dropped:
+            kept.append(turn)
+    return kept, excess + note_size - len(note["content"])

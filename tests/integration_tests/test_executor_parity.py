@@ -19,9 +19,12 @@ import pytest
 pytest.importorskip("langchain_classic")
 
 from langchain_classic.agents import AgentExecutor, create_tool_calling_agent  # noqa: E402
+from langchain_core.callbacks import AsyncCallbackHandler  # noqa: E402
 from langchain_core.prompts import ChatPromptTemplate  # noqa: E402
 
 from evoharness_agent import EpisodeRecorder, PolicyAgentExecutor, ToolPolicy, load_episodes  # noqa: E402
+from evoharness_agent.logs.events import RANK_EVENT  # noqa: E402
+from tests.kit.chat_models import CONFIG, ConfigLog  # noqa: E402
 
 WEATHER = "What is the weather like in Tokyo today?"
 DOUBLE = "Find the population of Tokyo and double it."
@@ -127,8 +130,8 @@ def test_recorder_writes_the_same_episode_for_both(kit: SimpleNamespace, policy:
                 "2000 people."]
 
     classic, ours = both(kit, policy, script)
-    classic.invoke({"input": DOUBLE}, {"callbacks": [EpisodeRecorder(tmp_path / "classic.jsonl")]})
-    ours.invoke({"input": DOUBLE}, {"callbacks": [EpisodeRecorder(tmp_path / "ours.jsonl")]})
+    classic.invoke({"input": DOUBLE}, {"callbacks": [EpisodeRecorder(tmp_path / "classic.jsonl", background=False)]})
+    ours.invoke({"input": DOUBLE}, {"callbacks": [EpisodeRecorder(tmp_path / "ours.jsonl", background=False)]})
     (expected,) = load_episodes([tmp_path / "classic.jsonl"]).episodes
     (got,) = load_episodes([tmp_path / "ours.jsonl"]).episodes
 
@@ -138,3 +141,66 @@ def test_recorder_writes_the_same_episode_for_both(kit: SimpleNamespace, policy:
 
     assert essence(got) == essence(expected)
     assert expected.metadata["source"] == "AgentExecutor" and got.metadata["source"] == "PolicyAgentExecutor"
+
+
+class AsyncEventLog(AsyncCallbackHandler):
+    """The agent-level events of :class:`EventLog`, from an async handler."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    async def on_agent_action(self, action: Any, **kwargs: Any) -> None:
+        self.events.append(("agent_action", action.tool))
+
+    async def on_tool_start(self, serialized: Any, input_str: str, **kwargs: Any) -> None:
+        self.events.append(("tool_start", serialized["name"]))
+
+    async def on_tool_end(self, output: Any, **kwargs: Any) -> None:
+        self.events.append(("tool_end", None))
+
+    async def on_agent_finish(self, finish: Any, **kwargs: Any) -> None:
+        self.events.append(("agent_finish", finish.return_values["output"]))
+
+
+def test_same_config_propagation_to_llm_and_tool_runs(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    classic, ours = both(kit, policy, lambda: [kit.call("get_weather", city="Tokyo"), "Sunny."])
+    logs = []
+    for executor in (classic, ours):
+        log = ConfigLog()
+        executor.invoke({"input": WEATHER}, {"callbacks": [log], **CONFIG})
+        logs.append(log)
+    expected, got = logs
+    assert got.runs == expected.runs
+    assert [kind for kind, *_ in got.runs] == ["chat_model", "tool", "chat_model"]
+    assert all(tagged and m == 1 for _, _, tagged, m in got.runs)
+    assert got.root_name == expected.root_name == "my-agent"
+
+
+def test_same_sync_batch_and_async_callbacks(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    def script() -> list[Any]:
+        return [kit.call("get_weather", city="Tokyo"), "Sunny.", kit.call("get_weather", city="Tokyo"), "Sunny."]
+
+    classic, ours = both(kit, policy, script)
+    inputs = [{"input": WEATHER}, {"input": WEATHER}]
+    expected = classic.batch(inputs, {"max_concurrency": 1})
+    assert ours.batch(inputs, {"max_concurrency": 1}) == expected and len(expected) == 2
+    classic, ours = both(kit, policy, script)
+    logs = [AsyncEventLog(), AsyncEventLog()]
+    asyncio.run(classic.ainvoke({"input": WEATHER}, {"callbacks": [logs[0]]}))
+    asyncio.run(ours.ainvoke({"input": WEATHER}, {"callbacks": [logs[1]]}))
+    assert logs[1].events == logs[0].events
+    assert logs[1].events == [("agent_action", "get_weather"), ("tool_start", "get_weather"), ("tool_end", None),
+                              ("agent_finish", "Sunny.")]
+
+
+def test_same_astream_events(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    async def events(executor: Any) -> list[tuple[str, str]]:
+        return [(e["event"], e["name"]) async for e in executor.astream_events({"input": WEATHER}, version="v2")
+                if e["event"] in ("on_tool_start", "on_tool_end") or not e["parent_ids"]]
+
+    classic, ours = both(kit, policy, lambda: [kit.call("get_weather", city="Tokyo"), "Sunny."])
+    expected, got = asyncio.run(events(classic)), asyncio.run(events(ours))
+    # Ours adds custom events (the policy's ranking and steps); the rest is the same stream.
+    assert ("on_custom_event", RANK_EVENT) in got
+    assert [kind for kind, _ in got if kind != "on_custom_event"] == [kind for kind, _ in expected]
+    assert [e for e in got if "tool" in e[0]] == [("on_tool_start", "get_weather"), ("on_tool_end", "get_weather")]

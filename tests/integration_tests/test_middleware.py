@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa
 from evoharness_agent import EpisodeRecorder, ToolPolicy, load_episodes  # noqa: E402
 from evoharness_agent.agents.middleware import PolicyToolSelectorMiddleware, conversation_state  # noqa: E402
 from evoharness_agent.schema import FINISH  # noqa: E402
+from tests.kit.chat_models import CONFIG, ConfigLog  # noqa: E402
 
 WEATHER = "What is the weather like in Tokyo today?"
 POLL = "Wait until job 42 has finished."
@@ -110,10 +112,11 @@ def test_recorder_records_create_agent_graphs(kit: SimpleNamespace, policy: Tool
     llm = kit.llm(kit.call("search_web", query="population of Tokyo"), kit.call("calculator", expression="1000 * 2"),
                   "2000 people.")
     create_agent(llm, kit.tools).invoke({"messages": [HumanMessage("Find the population of Tokyo and double it.")]},
-                                        {"callbacks": [EpisodeRecorder(path)]})
+                                        {"callbacks": [EpisodeRecorder(path, background=False)]})
     llm = kit.llm(kit.call("get_weather", city="Tokyo"), "Sunny.")
     create_agent(llm, kit.tools, middleware=[PolicyToolSelectorMiddleware(policy, top_k=1)]).invoke(
-        {"messages": [HumanMessage(WEATHER)]}, {"callbacks": [EpisodeRecorder(path, tools=kit.tools)]})
+        {"messages": [HumanMessage(WEATHER)]},
+        {"callbacks": [EpisodeRecorder(path, tools=kit.tools, background=False)]})
     plain, narrowed = load_episodes([path]).episodes
     assert [(s.tool, s.observation) for s in plain.steps] == [
         ("search_web", "Tokyo has 1000 people"), ("calculator", "2000"), (None, "")]
@@ -121,3 +124,60 @@ def test_recorder_records_create_agent_graphs(kit: SimpleNamespace, policy: Tool
     assert sorted(plain.tool_names()) == sorted(t.name for t in kit.tools)  # learned from the bound tools
     assert narrowed.task == WEATHER and [s.tool for s in narrowed.steps] == ["get_weather", None]
     assert sorted(narrowed.tool_names()) == sorted(t.name for t in kit.tools)  # given: the model saw only one
+
+
+def _graphs(kit: SimpleNamespace, policy: ToolPolicy, script: Any) -> tuple[Any, Any]:
+    """create_agent without and with the middleware, each over a fresh copy of the scripted replies."""
+    plain = create_agent(kit.llm(*script()), kit.tools)
+    narrowed = create_agent(kit.llm(*script()), kit.tools, middleware=[PolicyToolSelectorMiddleware(policy, top_k=2)])
+    return plain, narrowed
+
+
+def _weather_script(kit: SimpleNamespace, runs: int = 1) -> Any:
+    return lambda: [kit.call("get_weather", city="Tokyo"), "Sunny in Tokyo."] * runs
+
+
+def _shape(messages: list[Any]) -> list[tuple[str, Any]]:
+    return [(m.type, [c["name"] for c in m.tool_calls] if isinstance(m, AIMessage) and m.tool_calls else m.content)
+            for m in messages]
+
+
+def test_streams_like_create_agent_sync_and_async(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    def updates(chunks: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+        return [(node, _shape(update["messages"])) for chunk in chunks for node, update in chunk.items()]
+
+    request = {"messages": [HumanMessage(WEATHER)]}
+    plain, narrowed = _graphs(kit, policy, _weather_script(kit))
+    expected = updates(list(plain.stream(request, stream_mode="updates")))
+    assert updates(list(narrowed.stream(request, stream_mode="updates"))) == expected
+    assert [node for node, _ in expected] == ["model", "tools", "model"]
+
+    async def messages(graph: Any) -> list[tuple[str, Any]]:
+        return [(meta["langgraph_node"], _shape([m])[0]) async for m, meta in graph.astream(request,
+                                                                                          stream_mode="messages")]
+
+    plain, narrowed = _graphs(kit, policy, _weather_script(kit))
+    assert asyncio.run(messages(narrowed)) == asyncio.run(messages(plain))
+
+
+def test_batches_like_create_agent(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    inputs = [{"messages": [HumanMessage(WEATHER)]}, {"messages": [HumanMessage(WEATHER)]}]
+    plain, narrowed = _graphs(kit, policy, _weather_script(kit, runs=2))
+    expected = [_shape(r["messages"]) for r in plain.batch(inputs, {"max_concurrency": 1})]
+    assert [_shape(r["messages"]) for r in narrowed.batch(inputs, {"max_concurrency": 1})] == expected
+    plain, narrowed = _graphs(kit, policy, _weather_script(kit, runs=2))
+    expected = [_shape(r["messages"]) for r in asyncio.run(plain.abatch(inputs, {"max_concurrency": 1}))]
+    assert [_shape(r["messages"]) for r in asyncio.run(narrowed.abatch(inputs, {"max_concurrency": 1}))] == expected
+
+
+def test_callbacks_and_config_reach_model_and_tool_runs(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    logs = []
+    for graph in _graphs(kit, policy, _weather_script(kit)):
+        log = ConfigLog()
+        graph.invoke({"messages": [HumanMessage(WEATHER)]}, {"callbacks": [log], **CONFIG})
+        logs.append(log)
+    expected, got = logs
+    assert got.runs == expected.runs
+    assert [(kind, tagged, m) for kind, _, tagged, m in got.runs] == [("chat_model", True, 1), ("tool", True, 1),
+                                                                      ("chat_model", True, 1)]
+    assert got.root_name == expected.root_name == "my-agent"

@@ -63,6 +63,13 @@ FILL = {"get_weather": {"city": "Tokyo"}, "calculator": {"expression": "1000 * 2
         "check_job": {"job_id": "42"}}
 
 
+def fails(error: BaseException) -> Any:
+    """A scripted reply that raises ``error`` from the model's call, as a failing provider or llama.cpp does."""
+    def reply(bound: list[str]) -> AIMessage:
+        raise error
+    return reply
+
+
 def fill(bound: list[str]) -> AIMessage:
     """A scripted reply that fills whichever tool was bound, with :data:`FILL`'s arguments."""
     return call(bound[0], **FILL[bound[0]])
@@ -103,3 +110,30 @@ class EventLog(BaseCallbackHandler):
 
     def on_agent_finish(self, finish: Any, **kwargs: Any) -> None:
         self.events.append(("agent_finish", finish.return_values["output"]))
+
+
+CONFIG: dict[str, Any] = {"tags": ["tag-1"], "metadata": {"m": 1}, "run_name": "my-agent"}
+"""A run config whose tags, metadata and run name :class:`ConfigLog` looks for."""
+
+
+class ConfigLog(BaseCallbackHandler):
+    """Records each chat-model and tool run: its name, and whether it inherited :data:`CONFIG`'s tag and metadata."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, str, bool, Any]] = []
+        self.root_name: str | None = None
+
+    def on_chain_start(self, serialized: Any, inputs: Any, *, parent_run_id: Any = None, **kwargs: Any) -> None:
+        if parent_run_id is None:
+            self.root_name = kwargs.get("name")
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, *, tags: Any = None, metadata: Any = None,
+                            **kwargs: Any) -> None:
+        self._record("chat_model", serialized.get("name", ""), tags, metadata)
+
+    def on_tool_start(self, serialized: Any, input_str: str, *, tags: Any = None, metadata: Any = None,
+                      **kwargs: Any) -> None:
+        self._record("tool", serialized["name"], tags, metadata)
+
+    def _record(self, kind: str, name: str, tags: Any, metadata: Any) -> None:
+        self.runs.append((kind, name, CONFIG["tags"][0] in (tags or []), (metadata or {}).get("m")))

@@ -79,6 +79,7 @@ def test_train_then_evaluate_json(workdir: Path) -> None:
     assert json.loads((out / "policy.json").read_text())["config"]["training"]["seed"] == 3
     report, plot = workdir / "report.json", workdir / "report.png"
     evaluated = runner.invoke(cli.app, ["evaluate", "--policy", str(out), "--data", str(workdir / "logs.jsonl"),
+                                        "--baseline-data", str(workdir / "logs.jsonl"),
                                         "--json", str(report), "--plot", str(plot)])
     assert evaluated.exit_code == 0, evaluated.output
     document = json.loads(report.read_text())
@@ -90,11 +91,35 @@ def test_train_then_evaluate_json(workdir: Path) -> None:
     assert "metrics written to" in flat(evaluated.output)
 
 
+def test_evaluate_never_reads_data_paths_recorded_in_the_policy(workdir: Path) -> None:
+    out = workdir / "recorded-paths"
+    trained = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(out),
+                                      "--config", str(workdir / "fast.yaml"), "--steps", "2"])
+    assert trained.exit_code == 0, trained.output
+    meta = json.loads((out / "policy.json").read_text())
+    meta["config"]["data"]["paths"] = ["/dev/zero"]  # read, it would fill the memory
+    (out / "policy.json").write_text(json.dumps(meta))
+    result = runner.invoke(cli.app, ["evaluate", "--policy", str(out), "--data", str(workdir / "logs.jsonl")])
+    assert result.exit_code == 2, result.output
+    assert "pass --baseline-data" in flat(result.output) and "/dev/zero" in flat(result.output)
+
+
 def test_evaluate_reports_bad_logs_cleanly(workdir: Path) -> None:
     result = runner.invoke(cli.app, ["evaluate", "--policy", str(workdir / "missing"),
                                      "--data", str(workdir / "logs.jsonl")])
     assert result.exit_code == 2
     assert "not a policy directory" in flat(result.output)
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n", json.dumps({"task": "no decision", "steps": [
+    {"kind": "user", "content": "hello?"}]}) + "\n"], ids=["empty", "blank", "no-decision"])
+def test_evaluate_with_nothing_to_evaluate_is_an_error(workdir: Path, content: str) -> None:
+    data = workdir / "nothing.jsonl"
+    data.write_text(content)
+    result = runner.invoke(cli.app, ["evaluate", "--policy", "default", "--data", str(data)])
+    assert result.exit_code == 2, result.output
+    assert (f"no episodes to evaluate in {data}" if not content.strip() else
+            "nothing to evaluate: the 1 episodes given hold no logged decision") in flat(result.output)
 
 
 def test_config_with_unknown_key_errors_clearly(workdir: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 import evoharness_agent
 
 EXPECTED_ALL = {
-    "FINISH", "Episode", "EpisodeRecorder", "Guardrails", "LoadResult", "LocalChatModel", "LogFormatError",
+    "Approval", "FINISH", "Episode", "EpisodeRecorder", "Guardrails", "LoadResult", "LocalChatModel", "LogFormatError",
     "OfflineReport",
     "PIIScrubber", "PolicyAgentExecutor", "PolicySession", "RewardConfig", "StateEncoder", "Step", "ToolPolicy",
     "ToolScore", "ToolSpec", "TrainConfig", "TransitionDataset", "build_dataset", "detect_format",

@@ -164,6 +164,13 @@ def test_gold_tool_outside_the_tool_list_is_skipped(encoder: StateEncoder) -> No
     assert report.calibration.n_decisions == 2  # a and the reply: zzz could not be chosen
 
 
+@pytest.mark.parametrize("episodes", [[], [Episode(task="t", tools=TOOLS, steps=[Step(kind="user", content="hi")])]],
+                         ids=["no-episode", "no-decision"])
+def test_nothing_to_evaluate_is_an_error(encoder: StateEncoder, episodes: list[Episode]) -> None:
+    with pytest.raises(ValueError, match="nothing to evaluate"):
+        evaluate_offline(FixedPolicy(encoder), episodes, BASELINE_LOGS)
+
+
 def test_print_and_plot_report(report: OfflineReport, tmp_path: Path) -> None:
     buffer = io.StringIO()
     print_report(report, "unit", Console(file=buffer, width=120))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,6 +11,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import BaseTool, tool
+from rich.console import Console
 
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.envs.base import Task, ToolAction, ToolUseEnv
@@ -38,6 +40,7 @@ from evoharness_agent.learning.trainer import train_on_episodes
 from evoharness_agent.logs.importers import load_episodes, write_episodes
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
+from tests.kit.chat_models import ScriptedChatModel, fails
 
 
 class Counter:
@@ -207,7 +210,7 @@ def test_report_json_markdown_and_plot(tmp_path: Path) -> None:
     summary = report.summary()
     assert set(summary) == {"scripted", "random"}
     assert summary["scripted"] == {"tasks": 3, "success_rate": 1.0, "turn_success_rate": 1.0, "avg_steps": 4.0,
-                                   "avg_return": pytest.approx(9.8), "invalid_call_rate": 0.0}
+                                   "avg_return": pytest.approx(9.8), "invalid_call_rate": 0.0, "llm_failures": 0}
     assert set(summary["random"]) == set(summary["scripted"])
     report.write_json(tmp_path / "r.json")
     document = json.loads((tmp_path / "r.json").read_text())
@@ -347,3 +350,57 @@ def test_llm_arguments_fill_the_chosen_tool() -> None:
     assert env.steps[0].arguments == {"amount": 5}
     # read_counter takes no arguments: no LLM call was spent on it.
     assert llm.bound == [["add"]] and llm.replies == [call("read_counter")]
+
+
+# --------------------------------------------------------------------------- failed LLM calls, results as they come
+
+def test_a_failed_llm_choice_costs_that_task_and_the_run_goes_on(tmp_path: Path) -> None:
+    overflow = RuntimeError("request (4132 tokens) exceeds the available context size (4096 tokens)")
+    llm = ScriptedChatModel(script=[fails(overflow), call("add", {"amount": 5}), AIMessage("Done."),
+                                    call("read_counter"), AIMessage("5")])
+    results = tmp_path / "tasks.jsonl"
+    report = evaluate_online(CounterEnv(), [make_task(0), make_task(1)], [LLMChooser(llm)], results_path=results)
+    first, second = report.results["llm"]
+    assert first.success is False and first.llm_failures == 1 and "exceeds the available context" in first.error
+    assert second.success is True and second.error is None
+    assert report.summary()["llm"]["llm_failures"] == 1
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [(line["chooser"], line["task_id"], line["success"]) for line in lines] == [
+        ("llm", "count-0", False), ("llm", "count-1", True)]
+
+
+def test_a_failed_argument_filling_costs_that_decision() -> None:
+    llm = ScriptedChatModel(script=[fails(TimeoutError("read timed out"))])
+    env, arguments = CounterEnv(), llm_arguments(llm)
+    result = rollout(env, Scripted(["add", FINISH, "read_counter", FINISH]), make_task(), arguments=arguments)
+    assert result.llm_failures == 1 and result.error is None and result.invalid_calls == 1
+    assert env.steps[0].tool == "add" and env.steps[0].error  # called without arguments: an invalid call
+    assert result.turns_succeeded == 1  # the second turn still ran
+    assert arguments.failures == 1 and "TimeoutError: read timed out" in (arguments.last_error or "")
+
+
+class _Interrupting(Scripted):
+    def session(self, task: str, tools: Sequence[ToolSpec]) -> Scripted:
+        if task == "Add 5 to the counter." and self.offered:
+            raise KeyboardInterrupt
+        return super().session(task, tools)
+
+
+def test_an_interrupted_run_keeps_the_finished_tasks_and_shows_progress(tmp_path: Path) -> None:
+    results = tmp_path / "tasks.jsonl"
+    output = io.StringIO()
+    console = Console(file=output, force_terminal=True, width=120)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_online(CounterEnv(), [make_task(0), make_task(1)], [_Interrupting(["add", FINISH, "read_counter"])],
+                        results_path=results, show_progress=True, console=console)
+    (line,) = results.read_text().splitlines()
+    assert json.loads(line)["task_id"] == "count-0"
+    assert "1/2" in output.getvalue() and "1 succeeded" in output.getvalue()
+
+
+def test_progress_goes_to_a_log_line_by_line() -> None:
+    output = io.StringIO()
+    evaluate_online(CounterEnv(), [make_task(0), make_task(1)], [Scripted(["add", FINISH, "read_counter"])],
+                    env_name="counter", show_progress=True, console=Console(file=output, force_terminal=False))
+    assert "counter scripted: 1/2 tasks, 1 succeeded" in output.getvalue()
+    assert "counter scripted: 2/2 tasks, 2 succeeded" in output.getvalue()

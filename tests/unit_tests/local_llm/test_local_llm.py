@@ -163,6 +163,16 @@ def test_from_pretrained_uses_cache_dir_env(tmp_path, fake_model_packages, monke
         LocalChatModel.from_pretrained(tmp_path / "nothing.gguf")
 
 
+def test_no_arguments_means_the_bundled_default_model(tmp_path, fake_model_packages, monkeypatch):
+    spec, data = fake_model_packages
+    monkeypatch.setenv(ll.CACHE_ENV_VAR, str(tmp_path / "envcache"))
+    monkeypatch.setattr("evoharness_agent.local_llm.chat_model.DEFAULT_MODEL", "fake")
+    model = LocalChatModel()
+    assert Path(model.model_path).read_bytes() == data and model.sha256 == spec.sha256
+    assert LocalChatModel(temperature=0.2).temperature == 0.2
+    assert ll.weights.DEFAULT_MODEL in ll.MODELS
+
+
 def test_known_models_are_pinned():
     for spec in ll.MODELS.values():
         assert len(spec.sha256) == 64
@@ -240,9 +250,10 @@ def test_tool_parameters_are_closed_against_extra_keys():
         {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {}}}}}
     )
     assert nested["properties"]["a"]["additionalProperties"] is False
-    # An explicit choice is kept; an empty object is left open.
+    # An explicit choice is kept; a tool without arguments takes only {}; a free-form object stays open.
     assert prompting._close_objects({"properties": {"x": {}}, "additionalProperties": True})["additionalProperties"]
-    assert "additionalProperties" not in prompting._tool_parameters({"name": "noargs"})
+    assert prompting._tool_parameters({"name": "noargs"})["additionalProperties"] is False
+    assert "additionalProperties" not in prompting._close_objects({"type": "object"})
 
 
 def test_choice_schema_has_one_branch_per_tool():

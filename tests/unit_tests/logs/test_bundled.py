@@ -33,7 +33,7 @@ def gpt4o() -> list[Episode]:
 
 
 def test_data_dir_points_at_project_data() -> None:
-    assert bundled.DATA_DIR == Path(bundled.__file__).resolve().parents[2] / "data"
+    assert bundled.DATA_DIR == Path(bundled.__file__).resolve().parents[1] / "data"
     for path in [*bfcl_paths(), tau2_airline_path(), gpt4o_airline_path(),
                  tau_airline_test_path()]:
         assert path.is_file(), path

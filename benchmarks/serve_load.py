@@ -1,0 +1,182 @@
+"""A bounded loopback load test of the policy server: batched throughput, and /predict latency under load.
+
+Run: ``python benchmarks/serve_load.py [--states 2048] [--batch 64] [--requests 800] [--clients 16] [--json OUT]``
+
+The server is the real command, ``evoharness-agent serve --policy default`` (uvicorn, one worker), in
+a process of its own on a free 127.0.0.1 port, with a fresh embedding cache: every state's new
+texts are embedded by the server during the run, as in production (nothing is served from an
+earlier run). The load generator runs in this process, so on a 2-core machine client and server
+share the cores, as they would on one host.
+
+States are real: every decision point of the bundled BFCL multi-turn runs (task, the steps so
+far, that run's 16-30 tools), so the history grows as in an agent and each state brings about one
+new text (the newest step).
+
+1. ``/predict/batch``: the states are sent ``--batch`` at a time by one client; decisions/s =
+   states / wall time. A second pass over the same states (texts now cached) shows the cost
+   without embedding.
+2. ``/predict`` under ``--clients`` concurrent clients (threads, one keep-alive connection each),
+   ``--requests`` requests in all over states not seen in pass 1: p50 / p99 latency and requests/s;
+   then the same requests again (texts cached).
+
+Each figure comes with the server process's CPU time per decision (from ``/proc``, Linux): on a
+shared machine the wall-clock figures fall with the load of other processes, the CPU time does
+not, so ``cores / CPU time per decision`` estimates the rate on the same cores when unshared.
+
+Figures only: nothing is asserted. Loopback only; the request count is fixed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from evoharness_agent.logs.bundled import domain_episodes
+from evoharness_agent.server.client import predict_payload
+
+
+def states(limit: int) -> list[dict[str, Any]]:
+    """Every decision point of the bundled BFCL runs, as /predict bodies, up to ``limit``."""
+    out = []
+    for episode in domain_episodes("bfcl"):
+        for index, step in enumerate(episode.steps):
+            if step.is_decision:
+                out.append(predict_payload(episode.task, episode.steps[:index], episode.tools))
+                if len(out) == limit:
+                    return out
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(port: int, cache: str) -> subprocess.Popen:
+    env = {**os.environ, "EVOHARNESS_CACHE_DIR": cache, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "evoharness_agent.cli", "serve", "--policy", "default",
+                                "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited: {process.stderr.read().decode() if process.stderr else ''}")
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).raise_for_status()
+            return process
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    process.kill()
+    raise RuntimeError("server did not start")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def batched(url: str, bodies: list[dict[str, Any]], batch: int, pid: int) -> dict[str, float]:
+    """Send the states ``batch`` at a time; return decisions per second and server CPU ms per decision."""
+    with httpx.Client(base_url=url, timeout=300) as client:
+        cpu, started = cpu_seconds(pid), time.perf_counter()
+        for start in range(0, len(bodies), batch):
+            response = client.post("/predict/batch", json={"items": bodies[start : start + batch]})
+            response.raise_for_status()
+            assert len(response.json()["results"]) == len(bodies[start : start + batch])
+        wall = time.perf_counter() - started
+        return {"decisions_per_s": len(bodies) / wall,
+                "server_cpu_ms_per_decision": 1000 * (cpu_seconds(pid) - cpu) / len(bodies)}
+
+
+def concurrent(url: str, bodies: list[dict[str, Any]], clients: int, pid: int) -> dict[str, float]:
+    """Send every body to /predict from ``clients`` threads; return latency percentiles and requests/s."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+
+    def worker(mine: list[dict[str, Any]]) -> None:
+        with httpx.Client(base_url=url, timeout=300) as client:
+            for body in mine:
+                started = time.perf_counter()
+                response = client.post("/predict", json=body)
+                elapsed = time.perf_counter() - started
+                with lock:
+                    (latencies.append(elapsed) if response.status_code == 200
+                     else errors.append(f"{response.status_code}: {response.text[:200]}"))
+
+    threads = [threading.Thread(target=worker, args=(bodies[i::clients],)) for i in range(clients)]
+    cpu, started = cpu_seconds(pid), time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    cpu = cpu_seconds(pid) - cpu
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests failed, e.g. {errors[0]}")
+    ms = np.array(latencies) * 1000
+    return {"requests": len(latencies), "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99)), "requests_per_s": len(latencies) / wall,
+            "server_cpu_ms_per_decision": 1000 * cpu / len(latencies)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--states", type=int, default=2048, help="States sent to /predict/batch.")
+    parser.add_argument("--batch", type=int, default=64, help="States per /predict/batch request.")
+    parser.add_argument("--requests", type=int, default=800, help="/predict requests in the concurrent run.")
+    parser.add_argument("--clients", type=int, default=16, help="Concurrent /predict clients.")
+    parser.add_argument("--json", type=Path, help="Also write the figures here.")
+    args = parser.parse_args()
+    bodies = states(args.states + args.requests)
+    batch_states, single_states = bodies[: args.states], bodies[args.states :]
+    port = free_port()
+    with tempfile.TemporaryDirectory() as cache:
+        server = start_server(port, cache)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            batched(url, bodies[:8], 8, server.pid)  # connection and first-call warm-up, not counted
+            cold = batched(url, batch_states, args.batch, server.pid)
+            warm = batched(url, batch_states, args.batch, server.pid)
+            latency = concurrent(url, single_states, args.clients, server.pid)
+            latency_cached = concurrent(url, single_states, args.clients, server.pid)
+            load = os.getloadavg()[0]
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    cores = len(os.sched_getaffinity(0))
+    figures = {"cores": cores, "load_average_1min": load, "states": len(batch_states), "batch": args.batch,
+               "batched": cold, "batched_cached_texts": warm, "clients": args.clients, "predict": latency,
+               "predict_cached_texts": latency_cached}
+
+    def rates(run: dict[str, float]) -> str:
+        unshared = cores * 1000 / run["server_cpu_ms_per_decision"]
+        return (f"{run['decisions_per_s']:,.0f} decisions/s, server CPU {run['server_cpu_ms_per_decision']:.2f} ms "
+                f"per decision (~{unshared:,.0f}/s on {cores} unshared cores)")
+
+    print(f"{cores} cores, load average {load:.1f}")
+    print(f"/predict/batch, {len(batch_states)} states, {args.batch} per request: {rates(cold)}")
+    print(f"  same states again (texts already embedded): {rates(warm)}")
+    for name, run in (("new texts", latency), ("texts already embedded", latency_cached)):
+        print(f"/predict, {args.clients} concurrent clients, {run['requests']} requests ({name}): "
+              f"p50 {run['p50_ms']:.1f} ms, p99 {run['p99_ms']:.1f} ms, {run['requests_per_s']:.0f} requests/s, "
+              f"server CPU {run['server_cpu_ms_per_decision']:.2f} ms per decision")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
