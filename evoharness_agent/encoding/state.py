@@ -14,7 +14,9 @@ features              calls since the request (scaled), whether the last call fa
 
 plus, per candidate tool, the pair features of :data:`PAIR_FEATURES`: what the history says about
 that tool (called in this turn, just called and it worked or failed, how often), whether the
-request names it, and whether its required identifiers are still unknown. They describe a tool
+request names it, whether its required identifiers are still unknown, and whether it is the
+tool that would give an identifier another tool still needs (a prerequisite: ``find_customer``
+before ``list_orders(customer_id)``; the parameter schemas say so). They describe a tool
 by its relation to the state, never by its identity, so they carry over to tools never seen.
 
 Training (:func:`evoharness_agent.encoding.transitions.build_dataset`) and serving
@@ -29,7 +31,7 @@ import functools
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -42,7 +44,9 @@ __all__ = [
     "AVAILABLE",
     "CALLED_IN_TURN",
     "IS_FINISH",
+    "NAMED_IN_REQUEST",
     "PAIR_FEATURES",
+    "PROVIDES_MISSING",
     "STATE_LAYOUT_VERSION",
     "N_STATE_FEATURES",
     "PAD",
@@ -74,6 +78,7 @@ PAIR_FEATURES = (
     "calls_in_turn",       # how often it was called in this turn (scaled, capped)
     "named_in_request",    # the request names it (its name, or the words of its name)
     "missing_ids",         # share of its required identifier arguments nothing so far has given
+    "provides_missing",    # it is named for an identifier another available tool needs and nothing gave yet
     "available",           # it may be called now (the scorer compares a tool with the others available)
     "is_finish",           # it is FINISH, "answer now"
 )
@@ -82,7 +87,9 @@ N_PAIR_FEATURES = len(PAIR_FEATURES)
 AVAILABLE = PAIR_FEATURES.index("available")
 IS_FINISH = PAIR_FEATURES.index("is_finish")
 CALLED_IN_TURN = PAIR_FEATURES.index("called_in_turn")
-STATE_LAYOUT_VERSION = 3
+PROVIDES_MISSING = PAIR_FEATURES.index("provides_missing")
+NAMED_IN_REQUEST = PAIR_FEATURES.index("named_in_request")
+STATE_LAYOUT_VERSION = 4
 """Stored in policy metadata: a policy trained on another layout must be retrained, not misread."""
 PAD = 0
 """Row 0 of every text table is the zero vector: an empty slot."""
@@ -163,8 +170,14 @@ class StateParts:
         request_words = set(_WORD.findall(request))
         request_stems = {word[:5] for word in request_words if len(word) >= 5}  # once per state, not per tool
         just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
+        is_open = [available is None or tool.name in available for tool in tools]
+        missing = [_missing_id_args(tool, self.known_text) for tool in tools]
+        wanted: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+        for tool, open_, arguments in zip(tools, is_open, missing, strict=True):
+            for argument in arguments if open_ and tool.name != FINISH else ():
+                wanted.setdefault(_subject_words(argument), []).append((tool.name, argument))
         out = []
-        for tool in tools:
+        for tool, tool_missing in zip(tools, missing, strict=True):
             name = tool.name
             just = name == just_called
             out.append([
@@ -175,7 +188,8 @@ class StateParts:
                 float(name in self.failed_in_turn),
                 min(self.calls_in_turn[name], 5) / 5.0,
                 _named_in(name, request, request_words, request_stems),
-                _missing_ids(tool, self.known_text),
+                len(tool_missing) / max(len(_id_args(tool)), 1),
+                0.0 if tool_missing else _provides(tool, wanted),
                 float(available is None or name in available or name == FINISH),
                 float(name == FINISH),
             ])
@@ -210,14 +224,55 @@ def _named_in(name: str, request: str, request_words: set[str], request_stems: s
     return found / len(words)
 
 
-def _missing_ids(tool: ToolSpec, known_text: str) -> float:
-    """Return the share of the tool's required identifier arguments not mentioned in ``known_text``."""
+def _id_args(tool: ToolSpec) -> list[str]:
+    """Return the tool's required arguments that are identifiers (``customer_id``, ``token``, ``userId``)."""
     required = tool.parameters.get("required") or []
-    ids = [arg for arg in required if isinstance(arg, str) and _ID_ARGUMENT.search(arg)]
-    if not ids:
+    return [arg for arg in required if isinstance(arg, str) and _ID_ARGUMENT.search(arg)]
+
+
+def _missing_id_args(tool: ToolSpec, known_text: str) -> list[str]:
+    """Return the tool's required identifier arguments that ``known_text`` does not mention."""
+    return [arg for arg in _id_args(tool)
+            if arg.lower() not in known_text and arg.lower().replace("_", " ") not in known_text]
+
+
+_ID_WORDS = frozenset({"id", "ids", "uuid"})
+
+
+@functools.lru_cache(maxsize=65536)
+def _subject_words(argument: str) -> tuple[str, ...]:
+    """Return what an identifier argument identifies: ``customer_id`` -> customer, ``access_token`` -> access, token."""
+    words = [w.lower() for w in _NAME_PARTS.findall(argument)]
+    subject = tuple(w for w in words if w not in _ID_WORDS)
+    return subject or tuple(words)
+
+
+@functools.lru_cache(maxsize=65536)
+def _tool_words(name: str, description: str) -> frozenset[str]:
+    """Return the lower-case words of a tool's name and description, with their 5-letter stems."""
+    words = {w.lower() for w in _NAME_PARTS.findall(name)} | set(_WORD.findall(description.lower()))
+    return frozenset(words | {w[:5] for w in words if len(w) >= 5})
+
+
+def _provides(tool: ToolSpec, wanted: Mapping[tuple[str, ...], Sequence[tuple[str, str]]]) -> float:
+    """Return 1 when the tool is named for an identifier another open tool needs and does not need it itself.
+
+    Called only for a tool that can be called now (none of its own identifiers is missing).
+
+    ``wanted`` maps what a missing identifier identifies (``("customer",)``) to the ``(tool,
+    argument)`` pairs of the open tools that need it. A tool whose name or description speaks of
+    that subject (``find_customer`` for ``customer_id``), and that does not itself require the
+    argument, is likely where it comes from.
+    """
+    if tool.name == FINISH or not wanted:
         return 0.0
-    missing = [arg for arg in ids if arg.lower() not in known_text and arg.lower().replace("_", " ") not in known_text]
-    return len(missing) / len(ids)
+    own = set(_id_args(tool))
+    words = _tool_words(tool.name, tool.description or "")
+    for subject, needers in wanted.items():
+        if (all(w in words or w[:5] in words for w in subject)
+                and any(needer != tool.name and argument not in own for needer, argument in needers)):
+            return 1.0
+    return 0.0
 
 
 @dataclass

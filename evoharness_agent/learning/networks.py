@@ -28,7 +28,9 @@ from evoharness_agent.encoding.state import (
     CALLED_IN_TURN,
     IS_FINISH,
     N_PAIR_FEATURES,
+    NAMED_IN_REQUEST,
     PREVIOUS_TOOL_SLOT,
+    PROVIDES_MISSING,
     REQUEST_SLOT,
 )
 
@@ -36,7 +38,7 @@ __all__ = ["NetworkConfig", "StateValue", "ToolScorer", "masked_log_softmax", "m
 
 SCALAR_GAIN = 10.0  # Adam moves every parameter ~lr per step; the few scalar score offsets
 # (per-tool bias, pair weights) are multiplied by this so they learn as fast as the towers.
-N_CONTEXT_FEATURES = 2  # see ToolScorer.context_features
+N_CONTEXT_FEATURES = 6  # see ToolScorer.context_features
 NEG_INF = -1e9  # finite on purpose: bf16 and softmax stay NaN-free when a row is all masked
 
 
@@ -131,23 +133,34 @@ class ToolScorer(nn.Module):
 
     def context_features(self, states: torch.Tensor, tool_embeddings: torch.Tensor,
                          pairs: torch.Tensor) -> torch.Tensor:
-        """Return ``(B, N, 2)`` features that compare each tool with the others available.
+        """Return ``(B, N, 6)`` features that compare each tool with the others available.
 
         A tool's request similarity means little alone: unseen domains shift every score.
-        What carries over is how it compares: ``[similarity - best similarity among the
-        available tools not yet called in this turn (real tools), that best similarity (FINISH)]``.
-        A request that still matches an uncalled tool well is not done; one that matches none
-        (or only tools already called) is.
+        What carries over is how it compares. For a real tool: its similarity minus the best
+        similarity among the available tools not yet called in this turn ("open" tools). For
+        FINISH, whether the work the request asks for looks done: the best open similarity,
+        how much better the best tool already called in this turn matched than the best open
+        one, how much of an open tool's name the request names, whether nothing was called yet
+        in this turn, and whether an open tool would give an identifier another one still needs.
+        The last four are zero for real tools; the first is zero for FINISH.
         """
         d = self.tool_dim
         request = states[:, REQUEST_SLOT * d : (REQUEST_SLOT + 1) * d].float()
         similarity = request @ tool_embeddings.float().T  # cosine: both sides are unit vectors
         finish = pairs[..., IS_FINISH].float()
-        open_tools = pairs[..., AVAILABLE].float() * (1.0 - finish) * (1.0 - pairs[..., CALLED_IN_TURN].float())
-        best = torch.where(open_tools > 0, similarity, torch.full_like(similarity, -1.0)).max(dim=1).values
-        best = best.clamp(min=0.0)  # no open tool: nothing left that fits
+        real = pairs[..., AVAILABLE].float() * (1.0 - finish)
+        called = pairs[..., CALLED_IN_TURN].float()
+        open_tools = real * (1.0 - called)
+        floor = torch.full_like(similarity, -1.0)
+        best = torch.where(open_tools > 0, similarity, floor).max(dim=1).values.clamp(min=0.0)
+        best_called = torch.where(real * called > 0, similarity, floor).max(dim=1).values
+        anything_called = (real * called).amax(dim=1)
+        done_gap = (best_called.clamp(min=0.0) - best) * anything_called
+        named = (pairs[..., NAMED_IN_REQUEST].float() * open_tools).amax(dim=1)
+        prerequisite = (pairs[..., PROVIDES_MISSING].float() * open_tools).amax(dim=1)
         relative = (similarity - best[:, None]) * open_tools
-        return torch.stack([relative, best[:, None] * finish], dim=-1)
+        per_state = torch.stack([best, done_gap, named, 1.0 - anything_called, prerequisite], dim=1)
+        return torch.cat([relative[..., None], per_state[:, None, :] * finish[..., None]], dim=-1)
 
 
 class StateValue(nn.Module):

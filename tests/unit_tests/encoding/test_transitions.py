@@ -116,6 +116,26 @@ def test_pair_features_see_named_tools_and_missing_identifiers() -> None:
     assert after[1][missing] == 0.0  # the lookup's result gave it
 
 
+def test_pair_features_see_the_prerequisite_of_a_missing_identifier() -> None:
+    lookup = ToolSpec(name="find_customer", description="Look up customers by name.",
+                      parameters={"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]})
+    needs_customer = {"type": "object", "properties": {"customer_id": {"type": "string"}}, "required": ["customer_id"]}
+    orders = ToolSpec(name="list_orders", description="List a customer's orders.", parameters=needs_customer)
+    profile = ToolSpec(name="get_profile", description="A customer's profile.", parameters=needs_customer)
+    weather = ToolSpec(name="get_weather", description="Current weather in a city.")
+    provides = PAIR_FEATURES.index("provides_missing")
+    tools = [lookup, orders, profile, weather]
+    start = state_parts("Show Ann's last order", [], 2)
+    # find_customer speaks of what customer_id identifies and needs no id itself; list_orders and
+    # get_profile speak of customers too, but cannot be called before the id is known.
+    assert [row[provides] for row in start.pair_features(tools)] == [1.0, 0.0, 0.0, 0.0]
+    # Nothing open needs a customer id: no prerequisite (list_orders is not available).
+    assert start.pair_features(tools, available={"find_customer", "get_weather"})[0][provides] == 0.0
+    found = Step(tool="find_customer", arguments={"name": "Ann"}, observation='[{"customer_id": "C7"}]')
+    after = state_parts(start.task, [found], 2).pair_features(tools)
+    assert [row[provides] for row in after] == [0.0] * 4  # the id is known now
+
+
 def test_decisions_default_availability_is_all_tools() -> None:
     episode = multi_turn().model_copy(update={"available_at_start": None})
     assert all(p.available == {"search", "read_file", "write_file", FINISH}

@@ -64,7 +64,8 @@ def test_evaluate_plot_writes_the_calibration_plot(tmp_path: Path, monkeypatch: 
                                       "--config", str(tmp_path / "fast.yaml"), "--steps", "5"])
     assert trained.exit_code == 0, trained.output
     evaluated = runner.invoke(cli.app, ["evaluate", "--policy", str(tmp_path / "p"), "--data",
-                                        str(tmp_path / "logs.jsonl"), "--json", str(tmp_path / "r.json"),
+                                        str(tmp_path / "logs.jsonl"), "--baseline-data", str(tmp_path / "logs.jsonl"),
+                                        "--json", str(tmp_path / "r.json"),
                                         "--plot", str(tmp_path / "r.png")])
     assert evaluated.exit_code == 0, evaluated.output
     assert (tmp_path / "r.png").read_bytes().startswith(PNG)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from evoharness_agent.encoding.state import N_PAIR_FEATURES, PAIR_FEATURES
 from evoharness_agent.encoding.transitions import Batch
 from evoharness_agent.learning.algorithms import ALGORITHMS, BCQ, Dims, ToolInputs, make_algorithm
 from evoharness_agent.learning.algorithms.base import greedy, polyak, td_target
@@ -281,3 +282,25 @@ def test_bcq_scores_act_within_the_imitation_support() -> None:
     # tool 2 has by far the best Q but the imitation model says the logs never use it there
     assert scores.argmax(1).tolist() == [1, 1]
     assert (scores[:, 2] < scores[:, 0]).all()
+
+
+def test_context_features_compare_open_tools_and_say_whether_the_work_looks_done() -> None:
+    d = 4
+    scorer = ToolScorer(state_dim=3 * d + 2, tool_dim=d, n_known_tools=1)
+    tools = torch.eye(d)  # three real tools and FINISH (last), unit vectors
+    request = torch.tensor([0.6, 0.8, 0.0, 0.0])  # similarity 0.6, 0.8, 0.0 to the real tools
+    states = torch.cat([request, torch.zeros(2 * d + 2)])[None]
+    pairs = torch.zeros(1, 4, N_PAIR_FEATURES)
+    column = PAIR_FEATURES.index
+    pairs[0, :, column("available")] = 1.0
+    pairs[0, 3, column("is_finish")] = 1.0
+    pairs[0, 1, column("called_in_turn")] = 1.0  # the best-matching tool was called in this turn
+    pairs[0, 2, column("named_in_request")] = 0.5
+    pairs[0, 0, column("provides_missing")] = 1.0
+    context = scorer.context_features(states, tools, pairs)[0]
+    # real tools: similarity minus the best open one (0.6); the called tool is not open
+    assert context[:3, 0].tolist() == pytest.approx([0.0, 0.0, -0.6])
+    assert context[:3, 1:].abs().sum() == 0.0
+    # FINISH: best open 0.6, the called tool matched 0.2 better, half a name named, something was
+    # called, and an open tool would give a missing identifier
+    assert context[3].tolist() == pytest.approx([0.0, 0.6, 0.2, 0.5, 0.0, 1.0])
