@@ -97,6 +97,10 @@ class LocalChatModel(BaseChatModel):
     """Most tokens generated per call."""
     n_ctx: int = 4096
     """Context window in tokens (prompt plus reply)."""
+    n_ctx_max: int | None = 32768
+    """Largest context the model may grow to when a prompt does not fit ``n_ctx`` even with old
+    tool results cut (a long tool list): the context doubles, on a llama.cpp worker of its own,
+    up to this (Qwen2.5-Coder's trained context). None: never grow, the call fails instead."""
     n_threads: int | None = Field(default=None, validate_default=True)
     """CPU threads; None means all available cores, and more are capped to those."""
     n_batch: int = 512
@@ -123,6 +127,7 @@ class LocalChatModel(BaseChatModel):
     """Whether llama.cpp logs to stderr."""
 
     _chars_per_token: float = PrivateAttr(default=3.0)
+    _grown_ctx: int | None = PrivateAttr(default=None)
     """Prompt characters per token, as llama.cpp counted them (the lowest seen; 3.0 until measured)."""
 
     @model_validator(mode="before")
@@ -192,7 +197,12 @@ class LocalChatModel(BaseChatModel):
             verify_sha256(self.model_path, self.sha256)  # memoised: hashed once per process
         elif not Path(self.model_path).is_file():
             raise FileNotFoundError(f"model file not found: {self.model_path}")
-        return _get_server(self.model_path, self.n_ctx, int(self.n_threads or 1), self.n_batch, self.verbose)
+        return _get_server(self.model_path, self.context_size, int(self.n_threads or 1), self.n_batch, self.verbose)
+
+    @property
+    def context_size(self) -> int:
+        """The context window calls run with now: ``n_ctx``, or more once a prompt needed it."""
+        return self._grown_ctx or self.n_ctx
 
     def load(self) -> LocalChatModel:
         """Load the weights now instead of at the first call; return self."""
@@ -289,13 +299,22 @@ class LocalChatModel(BaseChatModel):
         self._chars_per_token = min(self._chars_per_token, 0.9 * chat_chars(chat) / tokens)
 
     def _fit(self, chat: list[dict[str, str]]) -> list[dict[str, str]]:
-        """Cut the oldest tool results until the prompt leaves ``max_tokens`` of the context for the reply."""
-        budget = max(self.n_ctx - self.max_tokens, self.n_ctx // 4)
-        try:
-            return fit_chat(chat, int(budget * self._chars_per_token))
-        except ValueError as error:
-            raise LocalModelError(f"the prompt does not fit the context of {self.n_ctx} tokens: {error}; "
-                                  "give the model a larger n_ctx") from None
+        """Cut the oldest tool results until the prompt leaves ``max_tokens`` of the context for the reply.
+
+        When even that does not fit (instructions and the tool list alone are too long), the
+        context doubles, up to ``n_ctx_max``: what the model needs to read is never cut.
+        """
+        while True:
+            context = self.context_size
+            budget = max(context - self.max_tokens, context // 4)
+            try:
+                return fit_chat(chat, int(budget * self._chars_per_token))
+            except ValueError as error:
+                limit = max(self.n_ctx_max or self.n_ctx, self.n_ctx)
+                if context >= limit:
+                    raise LocalModelError(f"the prompt does not fit the context of {context} tokens: {error}; "
+                                          "give the model a larger n_ctx or n_ctx_max") from None
+                self._grown_ctx = min(context * 2, limit)
 
     def _complete(
         self,
@@ -321,7 +340,7 @@ class LocalChatModel(BaseChatModel):
                 self._learn_ratio(request["messages"], overflow[0])
         prompt_tokens = (response.get("usage") or {}).get("prompt_tokens")
         # Short prompts are mostly chat-template tokens: only long ones tell the ratio that matters.
-        if isinstance(prompt_tokens, int) and prompt_tokens >= self.n_ctx // 4:
+        if isinstance(prompt_tokens, int) and prompt_tokens >= self.context_size // 4:
             self._learn_ratio(request["messages"], prompt_tokens)
         if not response.get("choices"):
             raise LocalModelError(f"llama.cpp failed the request: no choices in {response}")

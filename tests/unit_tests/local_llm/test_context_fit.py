@@ -119,8 +119,28 @@ def test_local_model_retries_an_overflow_with_the_reported_count(
 def test_a_prompt_that_cannot_fit_is_a_clear_local_model_error(
         limited_model: tuple[LocalChatModel, _ContextServer]) -> None:
     model, _ = limited_model
+    model.n_ctx_max = None  # never grow
     with pytest.raises(LocalModelError, match="does not fit the context of 1024 tokens"):
         model.invoke([HumanMessage("Request: " + "z" * 20_000)])
+
+
+def test_a_prompt_too_long_even_when_cut_grows_the_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model_file = tmp_path / "m.gguf"
+    model_file.write_bytes(b"GGUF")
+    servers: dict[int, _ContextServer] = {}
+
+    def server_for(model_path: str, n_ctx: int, *args: Any) -> _ContextServer:
+        return servers.setdefault(n_ctx, _ContextServer(n_ctx=n_ctx))  # a worker per context size, as llama.cpp
+
+    monkeypatch.setattr("evoharness_agent.local_llm.chat_model._get_server", server_for)
+    model = LocalChatModel(model_path=str(model_file), sha256=hashlib.sha256(b"GGUF").hexdigest(), n_ctx=1024,
+                           max_tokens=128, n_ctx_max=8192)
+    request = "Request: " + "z" * 8_000  # ~2.7k tokens (3 characters each, the guess) that must not be cut
+    assert model.invoke([HumanMessage(request)]).content
+    assert model.context_size == 4096 and sorted(servers) == [4096]  # doubled twice, then it fit
+    assert servers[4096].prompts[-1] > 1024
+    with pytest.raises(LocalModelError, match="does not fit the context of 8192 tokens"):
+        model.invoke([HumanMessage("Request: " + "z" * 40_000)])  # beyond n_ctx_max
 
 
 def test_many_exchanges_are_left_out_oldest_first_when_cutting_results_is_not_enough() -> None:
