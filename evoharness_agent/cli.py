@@ -121,6 +121,9 @@ def train(
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
     skip_invalid: Annotated[bool, typer.Option(help="Skip bad log lines (and report them).")] = False,
     default_reward: Annotated[float | None, typer.Option(help="Reward of episodes that have none.")] = None,
+    nproc_per_node: Annotated[int, typer.Option(
+        min=1, help="Data-parallel processes on this machine (gloo on CPU, nccl on GPU); the batch size is the "
+                    "global batch, split evenly. Or run this command under torchrun.")] = 1,
 ) -> None:
     """Train a tool-ranking policy on logged trajectories."""
     from evoharness_agent.learning.config import load_config
@@ -135,9 +138,11 @@ def train(
     }
     try:
         cfg = load_config(config, overrides)
-        result = run_training(cfg, out, init=init, resume=resume)
+        result = run_training(cfg, out, init=init, resume=resume, nproc_per_node=nproc_per_node)
     except (LogFormatError, ValueError, FileNotFoundError) as error:
         raise _fail(str(error)) from error
+    if int(os.environ.get("RANK", "0")):
+        return  # under torchrun every rank runs this command; rank 0 reports
     console.print(f"policy written to [bold]{out}[/]  ({result['n_transitions']} transitions, "
                   f"{result['n_encoded']} texts encoded, the rest from cache)")
     console.print({k: round(v, 4) for k, v in result.items() if isinstance(v, float)})

@@ -138,11 +138,17 @@ class TransitionDataset:
         return dense
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None,
-               subset: torch.Tensor | None = None) -> Batch:
-        """Sample a batch uniformly (from ``subset`` transition ids when given)."""
+               subset: torch.Tensor | None = None, part: slice | None = None) -> Batch:
+        """Sample a batch uniformly (from ``subset`` transition ids when given).
+
+        ``part`` keeps only those rows of the drawn batch: data-parallel ranks draw the same
+        global batch from one seed and each trains on its own slice.
+        """
         device = self.tensors["actions"].device
         pool = len(self) if subset is None else subset.shape[0]
         picks = torch.randint(pool, (batch_size,), device=device, generator=generator)
+        if part is not None:
+            picks = picks[part]
         return self.batch(picks if subset is None else subset.index_select(0, picks))
 
 

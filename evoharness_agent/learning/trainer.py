@@ -36,6 +36,7 @@ from evoharness_agent.learning.checkpoints import (
     save_policy,
 )
 from evoharness_agent.learning.config import TrainConfig
+from evoharness_agent.learning.distributed import Context, launch, start
 from evoharness_agent.learning.networks import masked_scores
 from evoharness_agent.learning.precision import training_autocast
 from evoharness_agent.logs.bundled import training_set
@@ -125,8 +126,24 @@ def train_on_episodes(
     resume: bool = False,
     show_progress: bool = True,
 ) -> TrainResult:
-    """Train a policy on ``episodes`` and write it to ``out``; returns final metrics."""
-    out = Path(out)
+    """Train a policy on ``episodes`` and write it to ``out``; returns final metrics.
+
+    Under ``torchrun`` (or :func:`train`'s ``nproc_per_node``) every process runs this; each
+    trains on its slice of the global batch and only rank 0 writes (see
+    :mod:`~evoharness_agent.learning.distributed`).
+    """
+    context, device = start(pick_device(config.training.device))
+    try:
+        return _train(episodes, config, Path(out), context, device, encoder=encoder, init=init,
+                      resume=resume, show_progress=show_progress and context.is_main)
+    finally:
+        context.close()
+
+
+def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context: Context, device: str, *,
+           encoder: StateEncoder | None, init: str | Path | None, resume: bool,
+           show_progress: bool) -> TrainResult:
+    """Run :func:`train_on_episodes` as one rank of ``context``."""
     out.mkdir(parents=True, exist_ok=True)
     if init is not None:
         init_meta = read_policy_meta(init)
@@ -139,12 +156,16 @@ def train_on_episodes(
     rewards = config.rewards.reward_config()
     episodes = thin_answer_only(episodes, config.data.answer_only_share, seed=config.training.seed)
     episodes = with_distractors(episodes, config.data.distractors, seed=config.training.seed)
+    part = context.shard(config.training.batch_size) if context.world_size > 1 else None
+    if not context.is_main:
+        context.barrier()  # rank 0 encodes first; the others then read its vectors from the cache
     dataset = build_dataset(episodes, encoder, history_window=config.model.history_window,
                             reward_config=rewards, show_progress=show_progress)
+    if context.is_main:
+        context.barrier()
     if len(dataset) == 0:
         raise ValueError("the logs contain no decisions (no tool calls or replies) to learn from")
     train_ids, val_ids = split_episodes(episodes, config.data.val_fraction, config.training.seed)
-    device = pick_device(config.training.device)
     set_threads(config.training.threads)
     dataset = dataset.to(device)
     train_index = _subset(dataset, train_ids).to(device)
@@ -166,9 +187,13 @@ def train_on_episodes(
     start = load_checkpoint(out, algorithm, generator, meta) if resume else 0
     if init is not None and start == 0:
         initialise_from(algorithm, init, dataset.tools.names)
+    if context.world_size > 1:
+        context.broadcast(list(algorithm.modules.values()))
+        if algorithm.optimizer is not None:
+            algorithm.optimizer.register_step_pre_hook(context.all_reduce_gradients)
 
     writer = None
-    if config.logging.tensorboard:
+    if config.logging.tensorboard and context.is_main:
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(out / "tensorboard"), purge_step=start or None)
@@ -184,17 +209,19 @@ def train_on_episodes(
     with progress:
         bar = progress.add_task(f"train {config.algorithm.name}", total=steps, completed=start, losses="")
         for step in range(start + 1, steps + 1):
-            batch = dataset.sample(config.training.batch_size, generator, train_index)
+            batch = dataset.sample(config.training.batch_size, generator, train_index, part)
             with training_autocast(device, config.training.bf16):
                 logs = algorithm.update(batch)
             if step % log_every == 0 or step == steps:
-                metrics = {k: float(v) for k, v in logs.items()}
+                metrics = {k: float(v) for k, v in context.mean(logs).items()}
                 history.append({"step": step, **metrics})
                 if writer is not None:
                     for key, value in metrics.items():
                         writer.add_scalar(key, value, step)
                 shown = "  ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in metrics.items())
                 progress.update(bar, losses=shown)
+            if not context.is_main:
+                continue
             if step % config.training.eval_every == 0 or step == steps:
                 algorithm.set_training(False)
                 val = next_tool_accuracy(algorithm, dataset, val_index)
@@ -211,15 +238,24 @@ def train_on_episodes(
         writer.close()
     result = TrainResult(metrics, n_episodes=len(episodes), n_transitions=len(dataset),
                          n_encoded=encoder.n_encoded - encoded_before, out=str(out))
-    calibration = fit_calibration(algorithm, dataset, val_index)  # T for ToolPolicy's probabilities
-    save_policy(out, algorithm, {**meta, "metrics": dict(result), "calibration": calibration})
-    atomic_write_bytes(log_file, json.dumps(history).encode())
+    if context.is_main:
+        calibration = fit_calibration(algorithm, dataset, val_index)  # T for ToolPolicy's probabilities
+        save_policy(out, algorithm, {**meta, "metrics": dict(result), "calibration": calibration})
+        atomic_write_bytes(log_file, json.dumps(history).encode())
+    context.barrier()  # no rank leaves (and tears the group down) before rank 0 has written
     return result
 
 
 def train(config: TrainConfig, out: str | Path, *, init: str | Path | None = None,
-          resume: bool = False, show_progress: bool = True) -> TrainResult:
-    """Load the logs of ``config.data`` (its bundled set, then its paths) and train; see :func:`train_on_episodes`."""
+          resume: bool = False, show_progress: bool = True, nproc_per_node: int = 1) -> TrainResult:
+    """Load the logs of ``config.data`` (its bundled set, then its paths) and train; see :func:`train_on_episodes`.
+
+    ``nproc_per_node`` > 1 spawns that many data-parallel processes on this machine (as
+    ``torchrun --nproc-per-node`` would) and returns the metrics rank 0 wrote. The logs are
+    read and checked here, once, so a bad line is this process's error, not N children's.
+    """
+    if nproc_per_node > 1:
+        Context(world_size=nproc_per_node).shard(config.training.batch_size)  # fail here, not in N children
     episodes = training_set(config.data.bundled) if config.data.bundled else []
     if config.data.paths or not episodes:
         loaded = load_episodes(config.data.paths, config.data.format, skip_invalid=config.data.skip_invalid,
@@ -227,6 +263,10 @@ def train(config: TrainConfig, out: str | Path, *, init: str | Path | None = Non
         if loaded.skipped:
             print(loaded.summary())
         episodes += loaded.episodes
+    if nproc_per_node > 1:
+        launch(nproc_per_node, train_on_episodes, episodes, config, out, init=init, resume=resume,
+               show_progress=show_progress)
+        return TrainResult(read_policy_meta(out)["metrics"])
     return train_on_episodes(episodes, config, out, init=init, resume=resume,
                              show_progress=show_progress)
 

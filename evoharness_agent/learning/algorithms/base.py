@@ -95,6 +95,8 @@ class Algorithm(Protocol):
     name: ClassVar[str]
     modules: dict[str, nn.Module]
     tools: ToolInputs
+    optimizer: torch.optim.Optimizer | None
+    """The one optimiser over the trained modules (data-parallel runs hook their gradient all-reduce on it)."""
 
     @property
     def acting(self) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ import torch
 from evoharness_agent.encoding.transitions import Batch
 from evoharness_agent.learning.algorithms.base import AlgorithmBase, Dims, ToolInputs, polyak, td_target
 from evoharness_agent.learning.algorithms.bc import bc_loss
+from evoharness_agent.learning.distributed import batch_mean
 from evoharness_agent.learning.networks import NetworkConfig
 
 __all__ = ["IQL", "IQLConfig", "advantage_weights", "expectile_loss"]
@@ -53,10 +54,11 @@ def advantage_weights(advantage: torch.Tensor, beta: float, max_weight: float) -
 
     The scaling keeps the policy's effective learning rate that of BC whatever the size of
     the advantages (large and noisy while Q and V are still young); only the relative
-    weighting of logged actions changes.
+    weighting of logged actions changes. In a data-parallel run the mean is the global
+    batch's (:func:`~evoharness_agent.learning.distributed.batch_mean`), not one rank's slice.
     """
     weights = torch.exp(beta * advantage).clamp(max=max_weight)
-    return weights / weights.mean().clamp(min=1e-8)
+    return weights / batch_mean(weights).clamp(min=1e-8)
 
 
 class IQL(AlgorithmBase):

@@ -1,0 +1,129 @@
+"""Data-parallel training on 2 CPU processes (gloo) against one process at the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from evoharness_agent import cli
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.learning.distributed import Context, launch
+from evoharness_agent.learning.trainer import train_on_episodes
+from evoharness_agent.logs.importers import write_episodes
+from tests.kit.synthetic_logs import synthetic_episodes
+from tests.unit_tests.learning.test_trainer_policy import make_config
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ddp-cache")
+
+
+@pytest.fixture(scope="module")
+def encoder(cache: Path) -> StateEncoder:
+    return StateEncoder(cache_dir=cache, device="cpu")
+
+
+def test_shard_splits_the_global_batch_evenly() -> None:
+    assert [Context(rank, 2).shard(8) for rank in (0, 1)] == [slice(0, 4), slice(4, 8)]
+    assert Context().shard(8) == slice(0, 8)
+    with pytest.raises(ValueError, match="batch_size 9 is not divisible by the 2 processes"):
+        Context(0, 2).shard(9)
+
+
+@pytest.mark.slow  # ~15 s each: two spawned interpreters import torch and the package
+@pytest.mark.parametrize("algorithm", ["cql", "iql"])
+def test_two_gloo_processes_match_one_process(algorithm: str, tmp_path: Path, encoder: StateEncoder,
+                                              cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Dropout off (its masks would fall on other rows) and fp32 (bf16 rounding depends on the
+    # batch shape); what remains is float summation order (a mean of two half-batch means vs one
+    # mean, and the all-reduce's sum), ~1e-7 relative per step. Adam amplifies it in one place:
+    # an entry whose gradient is itself at rounding level (a pair feature that is almost never
+    # non-zero) gets a step of +-lr in whichever direction the rounding falls. So: every entry
+    # within 2 lr, and all but a handful within 1e-5.
+    config = make_config(steps=40, algorithm=algorithm, training={"bf16": False}, model={"dropout": 0.0})
+    episodes = synthetic_episodes()
+    train_on_episodes(episodes, config, tmp_path / "one", encoder=encoder, show_progress=False)
+    # The spawned ranks build their own encoder over the cache the one-process run filled.
+    monkeypatch.setenv("EVOHARNESS_CACHE_DIR", str(cache))
+    launch(2, train_on_episodes, episodes, config, tmp_path / "two", show_progress=False)
+
+    one, two = (load_file(str(tmp_path / run / "policy.safetensors")) for run in ("one", "two"))
+    assert one.keys() == two.keys()
+    lr = 3e-4  # CQL's and IQL's default
+    far = 0
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], rtol=0, atol=2 * lr,
+                                   msg=lambda message, name=name: f"{name}: {message}")
+        far += int(((two[name] - one[name]).abs() > 1e-5).sum())
+    assert far <= 3, f"{far} weights differ by more than 1e-5"
+    log_one, log_two = (json.loads((tmp_path / run / "train_log.json").read_text()) for run in ("one", "two"))
+    assert [row["step"] for row in log_two] == [row["step"] for row in log_one]
+    for row_one, row_two in zip(log_one, log_two, strict=True):
+        assert row_two == pytest.approx(row_one, rel=1e-4, abs=1e-5)
+    # Only rank 0 wrote: one checkpoint, and a policy the calibration and validation ran on.
+    meta = json.loads((tmp_path / "two" / "policy.json").read_text())
+    assert "val/top1" in meta["metrics"] and (tmp_path / "two" / "checkpoint" / "state.json").is_file()
+
+
+CLI_CONFIG = """\
+training: {steps: 20, batch_size: 8, device: cpu, threads: 1, checkpoint_every: 10, eval_every: 10, bf16: false}
+model: {hidden: 8, history_window: 1, dropout: 0.0}
+logging: {tensorboard: false, log_every: 5}
+"""
+
+
+@pytest.fixture
+def logs(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("EVOHARNESS_CACHE_DIR", str(cache))  # never the user's cache
+    write_episodes(tmp_path / "logs.jsonl", synthetic_episodes())
+    (tmp_path / "config.yaml").write_text(CLI_CONFIG)
+    return tmp_path
+
+
+def train_args(root: Path, out: str) -> list[str]:
+    return ["train", "--data", str(root / "logs.jsonl"), "--config", str(root / "config.yaml"),
+            "--out", str(root / out)]
+
+
+def test_cli_refuses_a_batch_the_processes_cannot_split(logs: Path) -> None:
+    result = CliRunner().invoke(cli.app, [*train_args(logs, "bad"), "--nproc-per-node", "3"])
+    assert result.exit_code == 2
+    assert "batch_size 8 is not divisible by the 3 processes" in " ".join(result.output.split())
+    assert not (logs / "bad" / "policy.json").exists()
+
+
+def test_cli_reads_the_logs_before_spawning(logs: Path) -> None:
+    (logs / "broken.jsonl").write_text('{"task": "t", "steps": [{"kind": "bogus"}]}\n')
+    args = [*train_args(logs, "bad"), "--nproc-per-node", "2"]
+    args[2] = str(logs / "broken.jsonl")
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 2, result.output  # the CLI's clean error, not a child's traceback
+    assert "broken.jsonl" in " ".join(result.output.split())
+
+
+@pytest.mark.slow  # three trainings, four spawned interpreters
+def test_cli_nproc_per_node_and_torchrun_match_one_process(logs: Path) -> None:
+    runner = CliRunner()
+    assert runner.invoke(cli.app, train_args(logs, "one")).exit_code == 0
+    spawned = runner.invoke(cli.app, [*train_args(logs, "two"), "--nproc-per-node", "2"])
+    assert spawned.exit_code == 0, spawned.output
+    torchrun = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "evoharness_agent.cli", *train_args(logs, "torchrun")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"}, check=False)
+    assert torchrun.returncode == 0, torchrun.stderr
+    assert torchrun.stdout.count("policy written to") == 1  # rank 0 reports, rank 1 stays quiet
+    one = load_file(str(logs / "one" / "policy.safetensors"))
+    for run in ("two", "torchrun"):
+        other = load_file(str(logs / run / "policy.safetensors"))
+        for name in one:  # CQL, 20 steps: within 2 lr (see the test above), nearly all within 1e-5
+            torch.testing.assert_close(other[name], one[name], rtol=0, atol=6e-4)
