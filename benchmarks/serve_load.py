@@ -65,10 +65,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server(port: int, cache: str) -> subprocess.Popen:
+def start_server(port: int, cache: str, policy: str = "default", backend: str = "torch") -> subprocess.Popen:
     env = {**os.environ, "EVOHARNESS_CACHE_DIR": cache, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    process = subprocess.Popen([sys.executable, "-m", "evoharness_agent.cli", "serve", "--policy", "default",
-                                "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, "-m", "evoharness_agent.cli", "serve", "--policy", policy,
+                                "--backend", backend, "--port", str(port)],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -140,12 +141,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=800, help="/predict requests in the concurrent run.")
     parser.add_argument("--clients", type=int, default=16, help="Concurrent /predict clients.")
     parser.add_argument("--json", type=Path, help="Also write the figures here.")
+    parser.add_argument("--policy", default="default", help="Policy directory served (onnx: an export's).")
+    parser.add_argument("--backend", default="torch", choices=["torch", "onnx"], help="The server's backend.")
     args = parser.parse_args()
     bodies = states(args.states + args.requests)
     batch_states, single_states = bodies[: args.states], bodies[args.states :]
     port = free_port()
     with tempfile.TemporaryDirectory() as cache:
-        server = start_server(port, cache)
+        server = start_server(port, cache, args.policy, args.backend)
         url = f"http://127.0.0.1:{port}"
         try:
             batched(url, bodies[:8], 8, server.pid)  # connection and first-call warm-up, not counted

@@ -366,24 +366,29 @@ def serve(
                                                      "(clients reopen a session another worker does not hold).")] = 1,
     defer_threshold: Annotated[float, typer.Option(min=0.0, max=1.0, help="defer_to_llm is true when the best "
                                                    "action's calibrated probability is under this.")] = 0.5,
+    backend: Annotated[str, typer.Option(help="'torch', or 'onnx' for a directory `evoharness-agent export` "
+                                              "wrote (onnxruntime: scorer and sentence encoder).")] = "torch",
+    threads: Annotated[int | None, typer.Option(min=1, help="onnxruntime intra-op threads per worker "
+                                                            "(backend onnx; default: onnxruntime's).")] = None,
 ) -> None:
     """Serve the policy over HTTP (FastAPI on uvicorn): /predict, /predict/batch, /sessions, /healthz, /metrics."""
     try:
         import uvicorn
 
         from evoharness_agent.policy import ToolPolicy
-        from evoharness_agent.server.app import ENV_DEFER_THRESHOLD, ENV_POLICY, create_app
+        from evoharness_agent.server.app import ENV_BACKEND, ENV_DEFER_THRESHOLD, ENV_POLICY, ENV_THREADS, create_app
     except ImportError as error:
         raise _fail(f"{error}: serve needs the server extra: pip install 'evoharness-agent[server]'") from error
     try:
-        loaded = ToolPolicy.load(policy)  # a bad directory fails here, once, with its reason
-    except (ValueError, FileNotFoundError, OSError) as error:
+        loaded = ToolPolicy.load(policy, backend=backend, threads=threads)  # a bad directory fails here, once
+    except (ValueError, FileNotFoundError, OSError, ImportError) as error:
         raise _fail(str(error)) from error
     if workers == 1:
         uvicorn.run(create_app(loaded, defer_threshold=defer_threshold), host=host, port=port)
         return
     # Each worker process builds its own app from these settings.
     os.environ[ENV_POLICY], os.environ[ENV_DEFER_THRESHOLD] = policy, str(defer_threshold)
+    os.environ[ENV_BACKEND], os.environ[ENV_THREADS] = backend, str(threads or "")
     del loaded
     uvicorn.run("evoharness_agent.server.app:create_app_from_env", factory=True, host=host, port=port,
                 workers=workers)

@@ -51,7 +51,8 @@ from evoharness_agent.server.schemas import (
 )
 from evoharness_agent.server.sessions import MAX_SESSION_STEPS, SessionStore
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "ENV_DEFER_THRESHOLD", "ENV_POLICY", "create_app", "create_app_from_env",
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "ENV_BACKEND", "ENV_DEFER_THRESHOLD", "ENV_POLICY", "ENV_THREADS", "create_app",
+           "create_app_from_env",
            "rank_requests", "serve_in_background"]
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -60,6 +61,8 @@ DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 # How ``evoharness-agent serve --workers N`` hands its settings to each uvicorn worker process.
 ENV_POLICY = "EVOHARNESS_SERVE_POLICY"
 ENV_DEFER_THRESHOLD = "EVOHARNESS_SERVE_DEFER_THRESHOLD"
+ENV_BACKEND = "EVOHARNESS_SERVE_BACKEND"
+ENV_THREADS = "EVOHARNESS_SERVE_THREADS"
 
 _Scope = MutableMapping[str, Any]
 _Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -360,7 +363,9 @@ def create_app(policy: ToolPolicy, *, defer_threshold: float = 0.5, max_sessions
 
 def create_app_from_env() -> FastAPI:
     """Build the app from the settings ``evoharness-agent serve`` puts in the environment (one per worker)."""
-    policy = ToolPolicy.load(os.environ.get(ENV_POLICY, "default"))
+    threads = os.environ.get(ENV_THREADS)
+    policy = ToolPolicy.load(os.environ.get(ENV_POLICY, "default"), backend=os.environ.get(ENV_BACKEND, "torch"),
+                             threads=int(threads) if threads else None)
     return create_app(policy, defer_threshold=float(os.environ.get(ENV_DEFER_THRESHOLD, "0.5")))
 
 

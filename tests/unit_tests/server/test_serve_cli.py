@@ -23,6 +23,12 @@ def test_a_missing_policy_fails_before_serving(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "defer-threshold" in result.output
 
 
+def test_the_onnx_backend_needs_an_export(policy_dir: Path) -> None:
+    # a trained (not exported) directory: a clear pointer to `evoharness-agent export`, before serving
+    result = CliRunner().invoke(cli.app, ["serve", "--policy", str(policy_dir), "--backend", "onnx", "--port", "1"])
+    assert result.exit_code == 2 and "export" in result.output
+
+
 def wait_healthy(url: str, process: subprocess.Popen, timeout: float = 240) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
