@@ -171,13 +171,14 @@ class StateParts:
         request_stems = {word[:5] for word in request_words if len(word) >= 5}  # once per state, not per tool
         just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
         is_open = [available is None or tool.name in available for tool in tools]
-        missing = [_missing_id_args(tool, self.known_text) for tool in tools]
+        ids = [_id_args(tool) for tool in tools]
+        missing = [_missing_id_args(tool_ids, self.known_text) for tool_ids in ids]
         wanted: dict[tuple[str, ...], list[tuple[str, str]]] = {}
         for tool, open_, arguments in zip(tools, is_open, missing, strict=True):
             for argument in arguments if open_ and tool.name != FINISH else ():
                 wanted.setdefault(_subject_words(argument), []).append((tool.name, argument))
         out = []
-        for tool, tool_missing in zip(tools, missing, strict=True):
+        for tool, tool_ids, tool_missing in zip(tools, ids, missing, strict=True):
             name = tool.name
             just = name == just_called
             out.append([
@@ -188,8 +189,8 @@ class StateParts:
                 float(name in self.failed_in_turn),
                 min(self.calls_in_turn[name], 5) / 5.0,
                 _named_in(name, request, request_words, request_stems),
-                len(tool_missing) / max(len(_id_args(tool)), 1),
-                0.0 if tool_missing else _provides(tool, wanted),
+                len(tool_missing) / max(len(tool_ids), 1),
+                0.0 if tool_missing else _provides(tool, tool_ids, wanted),
                 float(available is None or name in available or name == FINISH),
                 float(name == FINISH),
             ])
@@ -230,9 +231,9 @@ def _id_args(tool: ToolSpec) -> list[str]:
     return [arg for arg in required if isinstance(arg, str) and _ID_ARGUMENT.search(arg)]
 
 
-def _missing_id_args(tool: ToolSpec, known_text: str) -> list[str]:
-    """Return the tool's required identifier arguments that ``known_text`` does not mention."""
-    return [arg for arg in _id_args(tool)
+def _missing_id_args(ids: Sequence[str], known_text: str) -> list[str]:
+    """Return the identifier arguments of ``ids`` (a tool's :func:`_id_args`) that ``known_text`` does not mention."""
+    return [arg for arg in ids
             if arg.lower() not in known_text and arg.lower().replace("_", " ") not in known_text]
 
 
@@ -254,19 +255,20 @@ def _tool_words(name: str, description: str) -> frozenset[str]:
     return frozenset(words | {w[:5] for w in words if len(w) >= 5})
 
 
-def _provides(tool: ToolSpec, wanted: Mapping[tuple[str, ...], Sequence[tuple[str, str]]]) -> float:
+def _provides(tool: ToolSpec, ids: Sequence[str], wanted: Mapping[tuple[str, ...], Sequence[tuple[str, str]]]) -> float:
     """Return 1 when the tool is named for an identifier another open tool needs and does not need it itself.
 
     Called only for a tool that can be called now (none of its own identifiers is missing).
 
-    ``wanted`` maps what a missing identifier identifies (``("customer",)``) to the ``(tool,
-    argument)`` pairs of the open tools that need it. A tool whose name or description speaks of
+    ``ids`` are the tool's own required identifiers (:func:`_id_args`). ``wanted`` maps what a
+    missing identifier identifies (``("customer",)``) to the ``(tool, argument)`` pairs of the
+    open tools that need it. A tool whose name or description speaks of
     that subject (``find_customer`` for ``customer_id``), and that does not itself require the
     argument, is likely where it comes from.
     """
     if tool.name == FINISH or not wanted:
         return 0.0
-    own = set(_id_args(tool))
+    own = set(ids)
     words = _tool_words(tool.name, tool.description or "")
     for subject, needers in wanted.items():
         if (all(w in words or w[:5] in words for w in subject)
