@@ -1,29 +1,43 @@
 """Training throughput of our discrete CQL against d3rlpy's ``DiscreteCQL`` on the same synthetic data.
 
-Run: ``python benchmarks/train_throughput.py`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``).
+Run: ``python benchmarks/train_throughput.py`` (needs the ``bench`` extra: ``pip install -e '.[bench]'``);
+``--json PATH`` also writes the figures.
 
-Both learners see the same random offline data: 384-d state vectors, 32 discrete actions
+All learners see the same random offline data: 384-d state vectors, 32 discrete actions
 (our 32 tools are 32 random 384-d "tool embeddings", FINISH among them), random rewards and
-terminals. Both use an MLP of 256×256 hidden units without dropout (d3rlpy's has none; our default
-state tower has 0.1), Adam, and torch's default thread count. Ours runs
-its updates as the trainer does: under bf16 autocast where the CPU multiplies bf16 natively
-(``--no-bf16``: fp32); d3rlpy runs as it does by default, in fp32.
-Each measurement is a fixed number of updates after a warm-up, and the two libraries run
-interleaved in one process (ours, theirs, ours, theirs, ...), so that a noisy machine slows
-both alike. A throughput is transitions per second: ``batch_size * updates / seconds``.
+terminals, every tool available at every decision. Three learners, Adam at 3e-4 and torch's
+default thread count for all:
 
-Two figures per library:
+* ``ours``: our CQL with our model, the two-tower tool-conditioned ``ToolScorer`` (256×256
+  towers, no dropout: d3rlpy's MLP has none, our default state tower has 0.1), batches from
+  our sampler ``TransitionDataset.sample``, steps from our ``update``.
+* ``same-mlp``: our loop (same algorithm, sampler, ``update``, autocast) training the very
+  same plain Q-MLP as d3rlpy (state -> 256 -> 256 -> 32, one Q-value per action, started
+  from d3rlpy's initial weights) in place of the ToolScorer, so ``same-mlp/d3rlpy`` compares
+  training loops, not models; ``ours/d3rlpy`` compares what each library trains by default.
+* ``d3rlpy``: its ``DiscreteCQL`` with that MLP, fed from its replay buffer.
 
-* ``sample+update``: draw a batch with the library's own sampler, then one gradient step;
+Ours runs its updates as the trainer does: under bf16 autocast where the CPU multiplies bf16
+natively (``--no-bf16``: fp32); d3rlpy runs as it does by default, in fp32. Each measurement is
+a fixed number of updates after a warm-up, and the learners run interleaved in one process
+(ours, same-mlp, d3rlpy, ours, ...), so that a noisy machine slows all alike. A throughput is
+transitions per second: ``batch_size * updates / seconds``; a figure is the median over rounds.
+
+Two figures per learner:
+
+* ``sample+update``: draw a batch with the learner's own sampler, then one gradient step;
   this is what a training loop pays (d3rlpy's ``fit`` does exactly this).
 * ``update``: one gradient step on a batch drawn beforehand (pure model compute).
 
-The printed notes say what differs between the two models. Figures only: nothing is asserted.
+The printed notes say what differs between the models. Figures only: nothing is asserted
+about speed (the same-MLP's parameter count and initial outputs are checked against d3rlpy's).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import json
 import os
 import platform
 import statistics
@@ -34,27 +48,39 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
-import evoharness_agent.encoding.transitions as dataset_module
-from evoharness_agent.encoding.state import N_STATE_FEATURES
+from evoharness_agent.encoding.state import (
+    AVAILABLE,
+    FIXED_SLOTS,
+    IS_FINISH,
+    N_PAIR_FEATURES,
+    N_STATE_FEATURES,
+    REQUEST_SLOT,
+    n_slots,
+    state_dim,
+)
 from evoharness_agent.encoding.transitions import ToolTable, TransitionDataset
 from evoharness_agent.learning.algorithms import Dims, ToolInputs, make_algorithm
-from evoharness_agent.learning.networks import NetworkConfig
+from evoharness_agent.learning.algorithms.base import adam
+from evoharness_agent.learning.networks import NetworkConfig, mlp
 from evoharness_agent.learning.precision import cpu_has_native_bf16, training_autocast
 from evoharness_agent.schema import ToolSpec, finish_spec
 
 STATE_DIM = 384
 N_TOOLS = 32
 HIDDEN = 256
-# Text slots before the history window (request, previous tool, task in the current layout).
-N_SLOTS = int(getattr(dataset_module, "N_FIXED_TEXTS", 2))
+HISTORY_WINDOW = 0
+"""No history slots: the state is the fixed slots (request, previous tool, task) plus the features."""
+N_SLOTS = n_slots(HISTORY_WINDOW)
+LEARNERS = ("ours", "same-mlp", "d3rlpy")
 
 
 @dataclass
 class Synthetic:
     """The shared random data: states, actions, rewards, terminals and our tables."""
 
-    states: np.ndarray  # (n, 384): the state vector both learners see
+    states: np.ndarray  # (n, 384): the state vector d3rlpy sees
     actions: np.ndarray
     rewards: np.ndarray
     terminals: np.ndarray
@@ -75,7 +101,7 @@ def make_synthetic(n: int, seed: int) -> Synthetic:
     # history_window=0; every slot but the request points at PAD, so our state carries
     # exactly the same information as d3rlpy's 384-d observation (see the notes).
     rows = torch.zeros(n, N_SLOTS, dtype=torch.long)
-    rows[:, 0] = torch.arange(1, n + 1)
+    rows[:, REQUEST_SLOT] = torch.arange(1, n + 1)
     actions = torch.randint(N_TOOLS, (n,), generator=g)
     rewards = torch.randn(n, generator=g)
     dones = torch.rand(n, generator=g) < 0.1
@@ -84,14 +110,47 @@ def make_synthetic(n: int, seed: int) -> Synthetic:
     following[dones] = torch.arange(n)[dones]  # a terminal's next state is itself, as in build_dataset
     features = torch.zeros(n, N_STATE_FEATURES)
     masks = torch.ones(n, N_TOOLS, dtype=torch.bool)
+    # Sparse pair storage as build_dataset writes it: every tool is available at every decision,
+    # in table order, so each state's candidates are rows 0..N-1 (FINISH is row 0).
+    pair_values = torch.zeros(n, N_TOOLS, N_PAIR_FEATURES)
+    pair_values[:, :, AVAILABLE] = 1.0
+    pair_values[:, 0, IS_FINISH] = 1.0
     tensors = {
         "rows": rows, "features": features, "actions": actions, "rewards": rewards,
         "dones": dones.float(), "masks": masks, "next_rows": rows[following],
-        "next_features": features[following], "next_masks": masks[following],
+        "next_features": features[following], "next_masks": masks[following], "following": following,
+        "pair_offsets": torch.arange(n + 1) * N_TOOLS,
+        "pair_tools": torch.arange(N_TOOLS).repeat(n),
+        "pair_values": pair_values.reshape(-1, N_PAIR_FEATURES),
         "episode_ids": torch.cumsum(dones.long(), 0) - dones.long(),
     }
-    dataset = TransitionDataset(table, tools, tensors, history_window=0)
+    dataset = TransitionDataset(table, tools, tensors, history_window=HISTORY_WINDOW)
+    assert dataset.state_dim == state_dim(STATE_DIM, HISTORY_WINDOW)
     return Synthetic(table[1:].numpy(), actions.numpy(), rewards.numpy(), dones.numpy(), dataset)
+
+
+class PlainQ(nn.Module):
+    """d3rlpy's discrete Q-MLP (input -> 256 -> 256 -> one Q-value per action) behind the ToolScorer signature.
+
+    It reads ``input_dim`` columns of our gathered state from ``offset`` (the request slot: exactly
+    d3rlpy's observation; or the whole state with ``--same-input``) and ignores the tool inputs.
+    """
+
+    def __init__(self, offset: int, input_dim: int, n_actions: int) -> None:
+        """Build the MLP."""
+        super().__init__()
+        self.offset, self.input_dim, self.n_actions = offset, input_dim, n_actions
+        self.net = mlp(input_dim, HIDDEN, 2, n_actions)
+        self.register_buffer("columns", torch.arange(n_actions), persistent=False)
+
+    def forward(self, states: torch.Tensor, tool_embeddings: torch.Tensor, tool_ids: torch.Tensor | None = None,
+                pairs: torch.Tensor | None = None, candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """Return ``(B, N)`` Q-values; the tools asked for must be the N actions in order."""
+        assert tool_embeddings.shape[0] == self.n_actions
+        if candidates is not None:
+            in_order = torch.equal(candidates, self.columns.expand(candidates.shape[0], -1))
+            assert in_order, "PlainQ needs every action as a candidate, in table order"
+        return self.net(states[:, self.offset : self.offset + self.input_dim])
 
 
 class Ours:
@@ -126,6 +185,42 @@ class Ours:
         return [self.algo.modules["q"]]
 
 
+class SameMlp(Ours):
+    """Our CQL loop (sampler, update, autocast) training d3rlpy's very Q-MLP instead of the ToolScorer."""
+
+    name = "same-mlp"
+
+    def __init__(self, data: Synthetic, batch_size: int, seed: int, bf16: bool, theirs: Theirs,
+                 same_input: bool = False) -> None:
+        """Build our CQL, then swap its ``q``/``q_target`` for a :class:`PlainQ` holding d3rlpy's initial weights."""
+        super().__init__(data, batch_size, seed, bf16)
+        offset = 0 if same_input else REQUEST_SLOT * STATE_DIM
+        q = PlainQ(offset, theirs.input_dim, N_TOOLS)
+        source = list(theirs.modules()[0].parameters())
+        assert [p.shape for p in q.parameters()] == [p.shape for p in source], "not d3rlpy's architecture"
+        with torch.no_grad():
+            for mine, theirs_p in zip(q.parameters(), source, strict=True):
+                mine.copy_(theirs_p)
+        algo = self.algo
+        algo.modules["q"] = q
+        algo.modules["q_target"] = copy.deepcopy(q).requires_grad_(False)
+        algo.optimizer = adam([q], algo.config.lr)
+        algo.set_training(True)
+        self.input_dim = theirs.input_dim
+        self.check_outputs(data, theirs)
+
+    def check_outputs(self, data: Synthetic, theirs: Theirs) -> None:
+        """Assert that the swapped-in MLP computes d3rlpy's initial Q-values on the same states."""
+        index = torch.arange(8)
+        batch = self.dataset.batch(index, candidates_only=True)
+        assert torch.equal(batch.candidates, torch.arange(N_TOOLS).expand(8, N_TOOLS))
+        with torch.no_grad():
+            mine = self.algo.score_states("q", batch)
+            observations = torch.from_numpy(np.ascontiguousarray(theirs.observations[:8]))
+            reference = theirs.modules()[0][0](observations).q_value
+        assert torch.allclose(mine, reference, atol=1e-5), "same-MLP differs from d3rlpy's Q-function"
+
+
 class Theirs:
     """d3rlpy's DiscreteCQL with batches from its replay buffer's ``sample_transition_batch``."""
 
@@ -146,6 +241,7 @@ class Theirs:
         if same_input:
             tensors = data.dataset.tensors
             observations = data.dataset.gather_states(tensors["rows"], tensors["features"]).numpy()
+        self.observations = observations
         self.dataset = MDPDataset(
             observations=observations, actions=data.actions[:, None], rewards=data.rewards[:, None],
             terminals=data.terminals.astype(np.float32), action_space=ActionSpace.DISCRETE, action_size=N_TOOLS)
@@ -171,7 +267,10 @@ class Theirs:
         return [self.algo.impl.q_function]
 
 
-def timed(learner: Ours | Theirs, updates: int, resample: bool) -> float:
+Learner = Ours | Theirs
+
+
+def timed(learner: Learner, updates: int, resample: bool) -> float:
     """Seconds for ``updates`` updates (drawing a fresh batch each time when ``resample``)."""
     start = time.perf_counter()
     for _ in range(updates):
@@ -179,7 +278,7 @@ def timed(learner: Ours | Theirs, updates: int, resample: bool) -> float:
     return time.perf_counter() - start
 
 
-def interleaved(learners: list[Ours | Theirs], updates: int, rounds: int, warmup: int,
+def interleaved(learners: list[Learner], updates: int, rounds: int, warmup: int,
                 resample: bool) -> dict[str, list[float]]:
     """Per-round transitions/s of each learner, the learners alternating within every round."""
     for learner in learners:
@@ -191,7 +290,7 @@ def interleaved(learners: list[Ours | Theirs], updates: int, rounds: int, warmup
     return rates
 
 
-def parameters(learner: Ours | Theirs) -> int:
+def parameters(learner: Learner) -> int:
     """Trainable parameters of the learner's Q-network."""
     return sum(p.numel() for m in learner.modules() for p in m.parameters())
 
@@ -217,7 +316,7 @@ def quiet_d3rlpy() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the benchmark and print the table."""
+    """Run the benchmark, print the table and, with ``--json``, write the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 2048])
     parser.add_argument("--transitions", type=int, default=20_000)
@@ -227,12 +326,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads for both learners (default: leave torch's default)")
+                        help="torch threads for all learners (default: leave torch's default)")
     parser.add_argument("--same-input", action="store_true",
-                        help="feed d3rlpy our full gathered state vector instead of the 384-d state")
+                        help="feed d3rlpy (and the same-MLP) our full gathered state vector instead of the 384-d state")
     parser.add_argument("--profile", action="store_true", help="also profile our update at each batch size")
     parser.add_argument("--no-bf16", dest="bf16", action="store_false",
                         help="keep our updates in fp32 (the trainer's training.bf16: false)")
+    parser.add_argument("--json", metavar="PATH", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
     if args.threads:
@@ -240,44 +340,75 @@ def main(argv: list[str] | None = None) -> None:
     quiet_d3rlpy()
 
     data = make_synthetic(args.transitions, args.seed)
-    rows: list[tuple[int, str, float, float]] = []
+    results: list[dict[str, Any]] = []
+    counts: dict[str, int] = {}
     for batch_size in args.batch_sizes:
         ours_learner = Ours(data, batch_size, args.seed, args.bf16)
         their_learner = Theirs(data, batch_size, args.seed, args.same_input)
-        learners: list[Ours | Theirs] = [ours_learner, their_learner]
+        same_learner = SameMlp(data, batch_size, args.seed, args.bf16, their_learner, args.same_input)
+        learners: list[Learner] = [ours_learner, same_learner, their_learner]
+        counts = {learner.name: parameters(learner) for learner in learners}
+        assert counts["same-mlp"] == counts["d3rlpy"], counts
         updates = args.updates or (20 if batch_size <= 512 else 5)
         for mode, resample in (("sample+update", True), ("update", False)):
             rates = interleaved(learners, updates, args.rounds, args.warmup, resample)
-            ours, theirs = statistics.median(rates["ours"]), statistics.median(rates["d3rlpy"])
-            rows.append((batch_size, mode, ours, theirs))
+            medians = {name: statistics.median(rates[name]) for name in LEARNERS}
+            results.append({
+                "batch_size": batch_size, "mode": mode, "updates_per_round": updates,
+                "transitions_per_s": medians, "rounds": rates,
+                "ratio_ours_over_d3rlpy": medians["ours"] / medians["d3rlpy"],
+                "ratio_same_mlp_over_d3rlpy": medians["same-mlp"] / medians["d3rlpy"],
+            })
         if args.profile:
             print(f"\n-- profile of our update, batch {batch_size} --")
             profile_ours(ours_learner, max(3, updates // 4))
 
+    bf16 = args.bf16 and cpu_has_native_bf16()
     print(f"\npython {platform.python_version()}, torch {torch.__version__}, "
           f"{os.cpu_count()} CPUs, torch threads = {torch.get_num_threads()} "
-          f"({'set by --threads' if args.threads else 'torch default'}, both learners)")
+          f"({'set by --threads' if args.threads else 'torch default'}, all learners)")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    bf16 = args.bf16 and cpu_has_native_bf16()
-    print(f"ours: {'bf16 autocast (this CPU multiplies bf16 natively)' if bf16 else 'fp32'}, "
+    print(f"ours and same-mlp: {'bf16 autocast (this CPU multiplies bf16 natively)' if bf16 else 'fp32'}, "
           "as the trainer runs; d3rlpy: fp32 (its default)")
     print(f"{args.transitions} transitions, {N_TOOLS} actions, median of {args.rounds} interleaved rounds; "
-          f"load average {load} (other processes share these CPUs)\n")
-    print(f"{'batch':>6}  {'measure':<14}{'ours tr/s':>12}{'d3rlpy tr/s':>13}{'ours/d3rlpy':>13}")
-    for batch_size, mode, ours, theirs in rows:
-        print(f"{batch_size:>6}  {mode:<14}{ours:>12,.0f}{theirs:>13,.0f}{ours / theirs:>12.2f}x")
+          f"load average {load} (other processes share these CPUs)")
+    print("Q-network parameters: " + ", ".join(f"{name} {counts[name]:,}" for name in LEARNERS) + "\n")
+    print(f"{'batch':>6}  {'measure':<14}{'ours tr/s':>12}{'same-mlp tr/s':>15}{'d3rlpy tr/s':>13}"
+          f"{'ours/d3rlpy':>13}{'same-mlp/d3rlpy':>17}")
+    for row in results:
+        rate = row["transitions_per_s"]
+        print(f"{row['batch_size']:>6}  {row['mode']:<14}{rate['ours']:>12,.0f}{rate['same-mlp']:>15,.0f}"
+              f"{rate['d3rlpy']:>13,.0f}{row['ratio_ours_over_d3rlpy']:>12.2f}x"
+              f"{row['ratio_same_mlp_over_d3rlpy']:>16.2f}x")
+    slots = ", ".join(FIXED_SLOTS)
+    reads = "our whole state" if args.same_input else "the request slot of our state"
     print(f"""
 What differs (same data, same state information, same 256-wide hidden layers, Adam):
-* ours: two-tower tool-conditioned scorer, {parameters(ours_learner):,} parameters. Its state input is
-  {ours_learner.input_dim}-d: the layout has {N_SLOTS} text slots of 384 (request, ...) plus
-  {N_STATE_FEATURES} features; only the request slot is non-zero here. Every update also runs the tool tower over the
-  {N_TOOLS} tool embeddings; the score is a dot product of state and tool features. Parts:
+* ours: two-tower tool-conditioned scorer, {counts['ours']:,} parameters. Its state input is
+  {ours_learner.input_dim}-d: the layout has {N_SLOTS} text slots of 384 ({slots}) plus
+  {N_STATE_FEATURES} features; only the request slot is non-zero here. Training batches carry each state's
+  own candidates (here all {N_TOOLS}), so every update runs the tool tower over batch x {N_TOOLS} tool
+  embeddings; the score is a dot product of state and tool features, plus pair terms. Parts:
 {describe(ours_learner.modules()[0])}
   Double-DQN target, Polyak target update every step, Huber TD + alpha*CQL, fused Adam.
-* d3rlpy: plain Q-MLP {their_learner.input_dim}->256->256->{N_TOOLS}, {parameters(their_learner):,} parameters.
+* same-mlp: our CQL loop (sampler, update, Polyak, fused Adam) around d3rlpy's plain Q-MLP
+  {same_learner.input_dim}->256->256->{N_TOOLS}, {counts['same-mlp']:,} parameters, started from d3rlpy's weights; it
+  reads {reads}, ignores tool embeddings and pair features.
+* d3rlpy: plain Q-MLP {their_learner.input_dim}->256->256->{N_TOOLS}, {counts['d3rlpy']:,} parameters.
   Double-DQN target, hard target copy every 8000 updates, Huber TD + alpha*CQL, Adam.
-* samplers: ours is one randint + index_select on tensors; d3rlpy builds each batch in Python,
-  one transition at a time, then converts numpy to torch inside update().""")
+* samplers: ours gathers states with index_select and each state's candidates (tool rows, mask,
+  pair features) from the sparse pair storage; d3rlpy builds each batch in Python, one
+  transition at a time, then converts numpy to torch inside update().""")
+    if args.json:
+        report = {
+            "python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "bf16": bf16, "same_input": args.same_input,
+            "transitions": args.transitions, "actions": N_TOOLS, "rounds": args.rounds, "warmup": args.warmup,
+            "load_average": list(os.getloadavg()), "parameters": counts, "results": results,
+        }
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=2)
+        print(f"\nfigures written to {args.json}")
 
 
 def describe(module: torch.nn.Module) -> str:

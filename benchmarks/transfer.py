@@ -8,7 +8,8 @@ Hyperparameters are chosen on the validation domains (``stabletoolbench``, ``bfc
 never on the reported ones.
 
 Usage: python benchmarks/transfer.py [--leave-out bfcl,tau_retail,tau2_airline,metatool]
-       [--algo cql] [--steps 1500] [--distractors 8] [--answer-only-share 0.2] [--tool-bias] [--set model.hidden=32]
+       [--algo cql] [--steps 2000] [--distractors 8] [--answer-only-share 0.2] [--composed-share 0.5]
+       [--tool-bias] [--set model.hidden=32]
        [--json runs/transfer.json]
 """
 
@@ -51,7 +52,8 @@ def config_for(args: argparse.Namespace) -> TrainConfig:
     raw: dict[str, Any] = {
         "algorithm": {"name": args.algo},
         "model": {"tool_bias": args.tool_bias},
-        "data": {"distractors": args.distractors, "val_fraction": 0.05, "answer_only_share": args.answer_only_share},
+        "data": {"distractors": args.distractors, "val_fraction": 0.05, "answer_only_share": args.answer_only_share,
+                 "composed_share": args.composed_share},
         "training": {"steps": args.steps, "seed": args.seed},
         "logging": {"tensorboard": False},
     }
@@ -80,11 +82,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--leave-out", default=",".join(REPORTED))
     parser.add_argument("--algo", default="cql")
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--distractors", type=int, default=8)
     parser.add_argument("--answer-only-share", type=float, default=0.2,
                         help="share of the episodes that never call a tool to train on")
+    parser.add_argument("--composed-share", type=float, default=0.5,
+                        help="share of the one-call episodes joined into two-part requests")
     parser.add_argument("--tool-bias", action="store_true", help="learn per-tool biases (they do not transfer)")
     parser.add_argument("--set", action="append", default=[], help="section.key=value config override")
     parser.add_argument("--out", type=Path, default=Path("runs/transfer"))

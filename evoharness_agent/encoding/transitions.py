@@ -74,6 +74,10 @@ class Batch:
     pairs: torch.Tensor | None = None
     """``(B, N, F)`` per-tool features (:data:`~evoharness_agent.encoding.state.PAIR_FEATURES`)."""
     next_pairs: torch.Tensor | None = None
+    candidates: torch.Tensor | None = None
+    """``(B, K)`` tool-table rows that a state's columns (actions, masks, pairs) refer to, padded
+    with masked entries; ``None``: column ``j`` is row ``j`` of the tool table, for every state."""
+    next_candidates: torch.Tensor | None = None
 
 
 class TransitionDataset:
@@ -102,21 +106,55 @@ class TransitionDataset:
         moved = {k: v.to(device) for k, v in self.tensors.items()}
         return TransitionDataset(self.text_embeddings.to(device), tools, moved, self.history_window)
 
-    def batch(self, index: torch.Tensor) -> Batch:
-        """Gather the transitions at ``index`` into a :class:`Batch`."""
+    def batch(self, index: torch.Tensor, *, candidates_only: bool = False) -> Batch:
+        """Gather the transitions at ``index`` into a :class:`Batch`.
+
+        With ``candidates_only`` each state keeps only the tools available at it (tens, where
+        the logs have thousands): the scores, losses and greedy choices are the same, at a
+        fraction of the cost, because an unavailable tool is masked out of every one of them.
+        """
         t = self.tensors
         take = lambda name: t[name].index_select(0, index)  # noqa: E731
-        return Batch(
-            states=gather_states(self.text_embeddings, take("rows"), take("features")),
-            actions=take("actions"),
-            rewards=take("rewards"),
-            next_states=gather_states(self.text_embeddings, take("next_rows"), take("next_features")),
-            dones=take("dones"),
-            masks=take("masks"),
-            next_masks=take("next_masks"),
-            pairs=self.pairs(index),
-            next_pairs=self.pairs(take("following")),
-        )
+        states = gather_states(self.text_embeddings, take("rows"), take("features"))
+        next_states = gather_states(self.text_embeddings, take("next_rows"), take("next_features"))
+        following = take("following")
+        if candidates_only:
+            candidates, masks, pairs = self.candidates(index)
+            next_candidates, next_masks, next_pairs = self.candidates(following)
+            actions = (candidates == take("actions")[:, None]).float().argmax(1)
+            return Batch(states=states, actions=actions, rewards=take("rewards"), next_states=next_states,
+                         dones=take("dones"), masks=masks, next_masks=next_masks, pairs=pairs,
+                         next_pairs=next_pairs, candidates=candidates, next_candidates=next_candidates)
+        return Batch(states=states, actions=take("actions"), rewards=take("rewards"), next_states=next_states,
+                     dones=take("dones"), masks=take("masks"), next_masks=take("next_masks"),
+                     pairs=self.pairs(index), next_pairs=self.pairs(following))
+
+    def _entries(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Locate the stored pair rows of the transitions at ``index``: owner, slot, entry, counts."""
+        offsets = self.tensors["pair_offsets"]
+        starts, counts = offsets.index_select(0, index), (offsets[1:] - offsets[:-1]).index_select(0, index)
+        total = int(counts.sum())
+        owner = torch.repeat_interleave(torch.arange(index.shape[0], device=index.device), counts, output_size=total)
+        first = torch.cumsum(counts, 0) - counts
+        slot = torch.arange(total, device=index.device) - torch.repeat_interleave(first, counts, output_size=total)
+        entry = torch.repeat_interleave(starts, counts, output_size=total) + slot
+        return owner, slot, entry, counts
+
+    def candidates(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Return each state's available tools: ``(B, K)`` table rows, their mask, their ``(B, K, F)`` pair features.
+
+        Padding entries are masked, point at row 0 and have all-zero features.
+        """
+        t = self.tensors
+        owner, slot, entry, counts = self._entries(index)
+        width = max(int(counts.max()) if counts.numel() else 0, 1)
+        rows = torch.zeros((index.shape[0], width), dtype=torch.long, device=index.device)
+        mask = torch.zeros((index.shape[0], width), dtype=torch.bool, device=index.device)
+        pairs = torch.zeros((index.shape[0], width, N_PAIR_FEATURES), device=t["pair_values"].device)
+        rows[owner, slot] = t["pair_tools"].index_select(0, entry)
+        mask[owner, slot] = True
+        pairs[owner, slot] = t["pair_values"].index_select(0, entry)
+        return rows, mask, pairs
 
     def pairs(self, index: torch.Tensor) -> torch.Tensor:
         """Return the dense ``(len(index), N, F)`` pair features of the transitions at ``index``.
@@ -126,20 +164,14 @@ class TransitionDataset:
         thousands of tools.
         """
         t = self.tensors
-        offsets, tools, values = t["pair_offsets"], t["pair_tools"], t["pair_values"]
-        starts, counts = offsets.index_select(0, index), (offsets[1:] - offsets[:-1]).index_select(0, index)
-        dense = torch.zeros((index.shape[0], len(self.tools.specs), N_PAIR_FEATURES), device=values.device)
-        total = int(counts.sum())
-        if total:
-            owner = torch.repeat_interleave(torch.arange(index.shape[0], device=index.device), counts)
-            first = torch.cumsum(counts, 0) - counts
-            entry = torch.repeat_interleave(starts - first, counts) + torch.arange(total, device=index.device)
-            dense[owner, tools.index_select(0, entry)] = values.index_select(0, entry)
+        owner, _, entry, _ = self._entries(index)
+        dense = torch.zeros((index.shape[0], len(self.tools.specs), N_PAIR_FEATURES), device=t["pair_values"].device)
+        dense[owner, t["pair_tools"].index_select(0, entry)] = t["pair_values"].index_select(0, entry)
         return dense
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None,
                subset: torch.Tensor | None = None, part: slice | None = None) -> Batch:
-        """Sample a batch uniformly (from ``subset`` transition ids when given).
+        """Sample a batch uniformly (from ``subset`` transition ids when given), each state with its own candidates.
 
         ``part`` keeps only those rows of the drawn batch: data-parallel ranks draw the same
         global batch from one seed and each trains on its own slice.
@@ -149,7 +181,7 @@ class TransitionDataset:
         picks = torch.randint(pool, (batch_size,), device=device, generator=generator)
         if part is not None:
             picks = picks[part]
-        return self.batch(picks if subset is None else subset.index_select(0, picks))
+        return self.batch(picks if subset is None else subset.index_select(0, picks), candidates_only=True)
 
 
 def build_dataset(

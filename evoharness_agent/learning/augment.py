@@ -2,6 +2,9 @@
 
 * :func:`thin_answer_only` keeps only a share of the episodes whose every decision is FINISH
   (MetaTool's "no tool fits" splits): thousands of them teach "answer at once" to every state.
+* :func:`compose_requests` joins two one-call episodes of a domain into one two-part request:
+  thousands of one-call logs (MetaTool, BFCL single-turn) otherwise teach "answer after the
+  first call" whatever the request still asks for.
 
 A policy trained on one tool list learns shortcuts: "in this domain, after X comes Y", or
 "the answer is among these five names". :func:`with_distractors` adds tools drawn from the
@@ -17,7 +20,7 @@ from collections.abc import Sequence
 
 from evoharness_agent.schema import FINISH, Episode, ToolSpec
 
-__all__ = ["thin_answer_only", "with_distractors"]
+__all__ = ["compose_requests", "thin_answer_only", "with_distractors"]
 
 
 def with_distractors(episodes: Sequence[Episode], k: int, *, seed: int = 0,
@@ -59,3 +62,40 @@ def thin_answer_only(episodes: Sequence[Episode], keep: float, *, seed: int = 0)
         return list(episodes)
     rng = random.Random(f"thin:{seed}")
     return [ep for ep in episodes if any(step.kind == "tool_call" for step in ep.steps) or rng.random() < keep]
+
+
+def _one_call(episode: Episode) -> bool:
+    """Whether ``episode`` is one request answered after exactly one successful tool call."""
+    kinds = [step.kind for step in episode.steps]
+    return (kinds == ["tool_call", "assistant"] and not episode.steps[0].error
+            and episode.available_at_start is None and (episode.reward is None or episode.reward > 0))
+
+
+def compose_requests(episodes: Sequence[Episode], share: float, *, seed: int = 0) -> list[Episode]:
+    """Return ``episodes`` plus two-part requests made from pairs of their one-call episodes.
+
+    Each composed episode asks both requests of two one-call episodes of one domain (episode
+    metadata ``domain``) that called different tools, offers both tool lists, calls both tools
+    in order and then answers: after the first call FINISH is wrong, because the request still
+    asks for the second part. ``share`` of the one-call episodes (each used once) are paired.
+    """
+    if share <= 0.0:
+        return list(episodes)
+    rng = random.Random(f"compose:{seed}")
+    by_domain: dict[str, list[Episode]] = {}
+    for episode in episodes:
+        if _one_call(episode):
+            by_domain.setdefault(str(episode.metadata.get("domain", "")), []).append(episode)
+    composed = []
+    for domain, pool in sorted(by_domain.items()):
+        pool = rng.sample(pool, int(len(pool) * share) // 2 * 2)
+        for first, second in zip(pool[::2], pool[1::2], strict=True):
+            if first.steps[0].tool == second.steps[0].tool:
+                continue
+            tools = {tool.name: tool for tool in [*first.tools, *second.tools]}
+            composed.append(Episode(
+                id=f"{first.id}+{second.id}", task=f"{first.task.rstrip()} Then: {second.task.strip()}",
+                tools=list(tools.values()), steps=[first.steps[0], second.steps[0], second.steps[1]],
+                reward=second.reward if first.reward is None else first.reward,
+                metadata={"domain": domain, "composed": True}))
+    return [*episodes, *composed]

@@ -60,6 +60,9 @@ class DataSection(_Section):
     """Tools of other episodes added to each episode's tool list (see :mod:`evoharness_agent.learning.augment`)."""
     answer_only_share: float = Field(default=1.0, ge=0.0, le=1.0)
     """Share of the episodes that never call a tool to train on (see :mod:`evoharness_agent.learning.augment`)."""
+    composed_share: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Share of the one-call episodes joined in pairs into two-part requests, added to the logs
+    (see :func:`~evoharness_agent.learning.augment.compose_requests`)."""
 
 
 class AlgorithmSection(_Section):

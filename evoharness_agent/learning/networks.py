@@ -95,45 +95,81 @@ class ToolScorer(nn.Module):
     def encode_tools(self, tool_embeddings: torch.Tensor, tool_ids: torch.Tensor | None) -> torch.Tensor:
         """Return ``(N, k)`` tool features: tower output, the two bilinear maps' images, bias."""
         features = self.tool_tower(tool_embeddings) * self.scale
-        bias = torch.zeros_like(features[:, :1])
-        if self.bias is not None and tool_ids is not None:
-            known = tool_ids >= 0
-            bias = torch.where(known[:, None], self.bias(tool_ids.clamp(min=0)) * SCALAR_GAIN, bias)
         # request·P·tool is computed as request·(tool·Pᵀ)ᵀ: the map runs over N tools, not B states.
         mapped = [tool_embeddings @ self.request_map.weight, tool_embeddings @ self.previous_map.weight]
-        return torch.cat([features, *mapped, bias], dim=1)
+        return torch.cat([features, *mapped, self.tool_bias(tool_ids, features)], dim=-1)
+
+    def tool_bias(self, tool_ids: torch.Tensor | None, features: torch.Tensor) -> torch.Tensor:
+        """Return the per-tool score offsets shaped like ``features[..., :1]`` (0 for unknown tools)."""
+        bias = torch.zeros_like(features[..., :1])
+        if self.bias is not None and tool_ids is not None:
+            known = tool_ids >= 0
+            bias = torch.where(known[..., None], self.bias(tool_ids.clamp(min=0)) * SCALAR_GAIN, bias)
+        return bias
 
     def encode_states(self, states: torch.Tensor) -> torch.Tensor:
         """Return ``(B, k)`` state features matching :meth:`encode_tools` column for column."""
         features = self.state_tower(states)
         ones = torch.ones_like(features[:, :1])
+        return torch.cat([features, self._request(states), self._previous(states), ones], dim=1)
+
+    def _request(self, states: torch.Tensor) -> torch.Tensor:
         d = self.tool_dim
-        request = states[:, REQUEST_SLOT * d : (REQUEST_SLOT + 1) * d]
-        previous = states[:, PREVIOUS_TOOL_SLOT * d : (PREVIOUS_TOOL_SLOT + 1) * d]
-        return torch.cat([features, request, previous, ones], dim=1)
+        return states[:, REQUEST_SLOT * d : (REQUEST_SLOT + 1) * d]
+
+    def _previous(self, states: torch.Tensor) -> torch.Tensor:
+        d = self.tool_dim
+        return states[:, PREVIOUS_TOOL_SLOT * d : (PREVIOUS_TOOL_SLOT + 1) * d]
 
     def forward(self, states: torch.Tensor, tool_embeddings: torch.Tensor,
-                tool_ids: torch.Tensor | None = None, pairs: torch.Tensor | None = None) -> torch.Tensor:
-        """Return ``(B, N)`` scores.
+                tool_ids: torch.Tensor | None = None, pairs: torch.Tensor | None = None,
+                candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """Return ``(B, N)`` scores: of every tool for every state, or of each state's ``K`` candidates.
 
         Args:
             states: ``(B, S)`` gathered state vectors.
             tool_embeddings: ``(N, E)`` name+description embeddings of the tools to score.
             tool_ids: ``(N,)`` rows of the per-tool bias table, ``-1`` for unknown tools.
-            pairs: ``(B, N, F)`` per-(state, tool) features (``encoding.state.PAIR_FEATURES``).
+            pairs: ``(B, N, F)`` per-(state, tool) features (``encoding.state.PAIR_FEATURES``);
+                ``(B, K, F)`` with ``candidates``.
+            candidates: ``(B, K)`` rows of ``tool_embeddings`` to score for each state, in its
+                own order (training batches: a state has tens of tools available among the
+                thousands of the logs); the result is then ``(B, K)``.
 
         """
-        scores = self.encode_states(states) @ self.encode_tools(tool_embeddings, tool_ids).T
+        if candidates is None:
+            scores = self.encode_states(states) @ self.encode_tools(tool_embeddings, tool_ids).T
+            similarity = self._request(states).float() @ tool_embeddings.float().T
+        else:
+            scores, similarity = self._candidate_scores(states, tool_embeddings, tool_ids, candidates)
         if pairs is not None:
             pairs = pairs.to(scores.dtype)
             scores = scores + pairs @ (self.pair_weight * SCALAR_GAIN).to(scores.dtype)
-            context = self.context_features(states, tool_embeddings, pairs).to(scores.dtype)
+            context = self.context_features(similarity, pairs).to(scores.dtype)
             scores = scores + context @ (self.context_weight * SCALAR_GAIN).to(scores.dtype)
         return scores
 
-    def context_features(self, states: torch.Tensor, tool_embeddings: torch.Tensor,
-                         pairs: torch.Tensor) -> torch.Tensor:
+    def _candidate_scores(self, states: torch.Tensor, tool_embeddings: torch.Tensor, tool_ids: torch.Tensor | None,
+                          candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the ``(B, K)`` scores of :meth:`forward` before the pair terms, and the request similarities.
+
+        The tool tower runs once per tool of the table; the bilinear maps run over the B states
+        (request·P·tool = (request·Pᵀ)·tool), not over every candidate of every state.
+        """
+        features = (self.tool_tower(tool_embeddings) * self.scale)[candidates]
+        embeddings = tool_embeddings[candidates]
+        request = self._request(states)
+        mapped = request @ self.request_map.weight.T + self._previous(states) @ self.previous_map.weight.T
+        scores = torch.einsum("bh,bkh->bk", self.state_tower(states), features)
+        scores = scores + torch.einsum("be,bke->bk", mapped, embeddings)
+        bias = self.tool_bias(None if tool_ids is None else tool_ids[candidates], features).squeeze(-1)
+        similarity = torch.einsum("be,bke->bk", request.float(), embeddings.float())
+        return scores + bias, similarity
+
+    def context_features(self, similarity: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
         """Return ``(B, N, 6)`` features that compare each tool with the others available.
+
+        ``similarity`` is each tool's cosine similarity with the request, ``(B, N)``.
 
         A tool's request similarity means little alone: unseen domains shift every score.
         What carries over is how it compares. For a real tool: its similarity minus the best
@@ -144,9 +180,6 @@ class ToolScorer(nn.Module):
         in this turn, and whether an open tool would give an identifier another one still needs.
         The last four are zero for real tools; the first is zero for FINISH.
         """
-        d = self.tool_dim
-        request = states[:, REQUEST_SLOT * d : (REQUEST_SLOT + 1) * d].float()
-        similarity = request @ tool_embeddings.float().T  # cosine: both sides are unit vectors
         finish = pairs[..., IS_FINISH].float()
         real = pairs[..., AVAILABLE].float() * (1.0 - finish)
         called = pairs[..., CALLED_IN_TURN].float()

@@ -26,7 +26,7 @@ from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.state import STATE_LAYOUT_VERSION
 from evoharness_agent.encoding.transitions import TransitionDataset, build_dataset
 from evoharness_agent.learning.algorithms import Algorithm, Dims, ToolInputs, make_algorithm
-from evoharness_agent.learning.augment import thin_answer_only, with_distractors
+from evoharness_agent.learning.augment import compose_requests, thin_answer_only, with_distractors
 from evoharness_agent.learning.calibration import fit_calibration
 from evoharness_agent.learning.checkpoints import (
     initialise_from,
@@ -155,6 +155,7 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     encoded_before = encoder.n_encoded  # a caller's encoder may have encoded texts already
     rewards = config.rewards.reward_config()
     episodes = thin_answer_only(episodes, config.data.answer_only_share, seed=config.training.seed)
+    episodes = compose_requests(episodes, config.data.composed_share, seed=config.training.seed)
     episodes = with_distractors(episodes, config.data.distractors, seed=config.training.seed)
     part = context.shard(config.training.batch_size) if context.world_size > 1 else None
     if not context.is_main:

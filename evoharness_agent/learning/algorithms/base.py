@@ -168,9 +168,18 @@ class AlgorithmBase:
         loss.backward()
         self.optimizer.step()
 
-    def score(self, module: str, states: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
-        """Score every tool of the table with one of the scorers."""
-        return self.modules[module](states, self.tools.embeddings, self.tools.ids, pairs).float()
+    def score(self, module: str, states: torch.Tensor, pairs: torch.Tensor | None = None,
+              candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """Score tools of the table with one scorer: all of them, or each state's ``(B, K)`` candidate rows."""
+        return self.modules[module](states, self.tools.embeddings, self.tools.ids, pairs, candidates).float()
+
+    def score_states(self, module: str, batch: Batch) -> torch.Tensor:
+        """Score the candidates of a batch's states (its columns) with one scorer."""
+        return self.score(module, batch.states, batch.pairs, batch.candidates)
+
+    def score_next_states(self, module: str, batch: Batch) -> torch.Tensor:
+        """Score the candidates of a batch's next states (its next columns) with one scorer."""
+        return self.score(module, batch.next_states, batch.next_pairs, batch.next_candidates)
 
     def acting_modules(self) -> dict[str, nn.Module]:
         """Return the modules a policy needs at inference."""

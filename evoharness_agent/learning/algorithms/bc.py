@@ -45,7 +45,7 @@ class BC(AlgorithmBase):
 
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One gradient step on the masked cross-entropy."""
-        loss = bc_loss(self.score("policy", batch.states, batch.pairs), batch.actions, batch.masks)
+        loss = bc_loss(self.score_states("policy", batch), batch.actions, batch.masks)
         self.step(loss)
         return {"loss/bc": loss.detach()}
 

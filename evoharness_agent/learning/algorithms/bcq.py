@@ -66,14 +66,14 @@ class BCQ(AlgorithmBase):
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One gradient step on TD + imitation losses, then Polyak."""
         cfg = self.config
-        q_all = self.score("q", batch.states, batch.pairs)
-        imitation = self.score("imitation", batch.states, batch.pairs)
+        q_all = self.score_states("q", batch)
+        imitation = self.score_states("imitation", batch)
         # s' only picks the bootstrap action: no graph, so backward covers B rows, not 2B.
         with torch.no_grad():
-            allowed = allowed_actions(self.score("imitation", batch.next_states, batch.next_pairs),
+            allowed = allowed_actions(self.score_next_states("imitation", batch),
                                       batch.next_masks, cfg.threshold)
-            target = double_dqn_target(self.score("q", batch.next_states, batch.next_pairs),
-                                       self.score("q_target", batch.next_states, batch.next_pairs),
+            target = double_dqn_target(self.score_next_states("q", batch),
+                                       self.score_next_states("q_target", batch),
                                        allowed, batch.rewards, batch.dones, cfg.gamma)
         q_taken = q_all.gather(1, batch.actions[:, None]).squeeze(1)
         loss_td = F.smooth_l1_loss(q_taken, target)

@@ -68,11 +68,11 @@ class CQL(AlgorithmBase):
     def update(self, batch: Batch) -> dict[str, torch.Tensor]:
         """One gradient step: TD + conservative penalty, then Polyak."""
         cfg = self.config
-        q_all = self.score("q", batch.states, batch.pairs)
+        q_all = self.score_states("q", batch)
         # s' only selects the double-DQN action: no graph, so backward covers B rows, not 2B.
         with torch.no_grad():
-            target = double_dqn_target(self.score("q", batch.next_states, batch.next_pairs),
-                                       self.score("q_target", batch.next_states, batch.next_pairs),
+            target = double_dqn_target(self.score_next_states("q", batch),
+                                       self.score_next_states("q_target", batch),
                                        batch.next_masks, batch.rewards, batch.dones, cfg.gamma)
         q_taken = q_all.gather(1, batch.actions[:, None]).squeeze(1)
         loss_td = td_loss(q_taken, target)

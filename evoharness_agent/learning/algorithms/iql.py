@@ -85,20 +85,20 @@ class IQL(AlgorithmBase):
         cfg = self.config
         take = batch.actions[:, None]
         with torch.no_grad():
-            q_target = torch.minimum(self.score("q1_target", batch.states, batch.pairs).gather(1, take),
-                                     self.score("q2_target", batch.states, batch.pairs).gather(1, take)).squeeze(1)
+            q_target = torch.minimum(self.score_states("q1_target", batch).gather(1, take),
+                                     self.score_states("q2_target", batch).gather(1, take)).squeeze(1)
         value = self.modules["value"](batch.states).float()
         with torch.no_grad():
             next_value = self.modules["value"](batch.next_states).float()
         loss_value = expectile_loss(q_target - value, cfg.expectile)
 
         target = td_target(batch.rewards, batch.dones, next_value, cfg.gamma)
-        q1 = self.score("q1", batch.states, batch.pairs).gather(1, take).squeeze(1)
-        q2 = self.score("q2", batch.states, batch.pairs).gather(1, take).squeeze(1)
+        q1 = self.score_states("q1", batch).gather(1, take).squeeze(1)
+        q2 = self.score_states("q2", batch).gather(1, take).squeeze(1)
         loss_q = (q1 - target).pow(2).mean() + (q2 - target).pow(2).mean()
 
         weights = advantage_weights(q_target - value.detach(), cfg.beta, cfg.max_weight)
-        loss_policy = bc_loss(self.score("policy", batch.states, batch.pairs), batch.actions, batch.masks, weights)
+        loss_policy = bc_loss(self.score_states("policy", batch), batch.actions, batch.masks, weights)
 
         self.step(loss_value + loss_q + loss_policy)
         polyak(self.modules["q1_target"], self.modules["q1"], cfg.tau)

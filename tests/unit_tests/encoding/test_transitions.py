@@ -13,7 +13,7 @@ from evoharness_agent.encoding.state import (
     state_parts,
     step_text,
 )
-from evoharness_agent.encoding.transitions import ToolTable, TransitionDataset, build_dataset
+from evoharness_agent.encoding.transitions import Batch, ToolTable, TransitionDataset, build_dataset
 from evoharness_agent.rewards import RewardConfig, shape_rewards
 from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec, finish_spec
 
@@ -266,11 +266,31 @@ def test_sample_is_seeded_and_respects_subset(built: Built) -> None:
     a = data.sample(64, torch.Generator().manual_seed(3), subset)
     b = data.sample(64, torch.Generator().manual_seed(3), subset)
     assert torch.equal(a.actions, b.actions) and torch.equal(a.states, b.states)
+
+    def rows(batch: Batch) -> list[int]:  # sampled actions are columns of each state's candidates
+        assert batch.candidates is not None
+        return batch.candidates.gather(1, batch.actions[:, None]).squeeze(1).tolist()
+
     single_ep_actions = {data.tensors["actions"][5].item(), data.tensors["actions"][6].item()}
-    assert set(a.actions.tolist()) <= single_ep_actions
+    assert set(rows(a)) <= single_ep_actions
     assert set(a.rewards.tolist()) <= {data.tensors["rewards"][5].item(), data.tensors["rewards"][6].item()}
     whole = data.sample(200, torch.Generator().manual_seed(0))
-    assert len(set(whole.actions.tolist())) == 4  # every action of the data set is reachable
+    assert len(set(rows(whole))) == 4  # every action of the data set is reachable
+
+
+def test_candidate_batches_keep_each_states_available_tools(built: Built) -> None:
+    _, data = built
+    index = torch.arange(len(data))
+    dense, compact = data.batch(index), data.batch(index, candidates_only=True)
+    assert compact.candidates is not None and compact.next_candidates is not None and compact.pairs is not None
+    for row in range(len(data)):
+        kept = compact.candidates[row][compact.masks[row]]
+        assert kept.tolist() == torch.nonzero(dense.masks[row]).squeeze(1).tolist()
+        assert torch.equal(compact.pairs[row][compact.masks[row]], dense.pairs[row][kept])
+        assert not compact.pairs[row][~compact.masks[row]].any()  # padding has no features
+        assert compact.candidates[row, compact.actions[row]] == dense.actions[row]
+        next_kept = compact.next_candidates[row][compact.next_masks[row]]
+        assert next_kept.tolist() == torch.nonzero(dense.next_masks[row]).squeeze(1).tolist()
 
 
 def test_extra_tools_join_the_table(encoder: StateEncoder) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from evoharness_agent.encoding.state import decisions
-from evoharness_agent.learning.augment import with_distractors
-from evoharness_agent.schema import Episode, Step, ToolSpec
+from evoharness_agent.learning.augment import compose_requests, with_distractors
+from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
 
 
 def _episodes() -> list[Episode]:
@@ -29,3 +29,29 @@ def test_distractors_are_new_available_tools_and_actions_stay() -> None:
         assert [d.action for d in old] == [d.action for d in new]
         assert all(o.available < n.available for o, n in zip(old, new, strict=True))
     assert episodes[0].tools == _episodes()[0].tools  # the input is not modified
+
+
+def one_call(i: int, domain: str = "single", *, error: bool = False) -> Episode:
+    """A request answered after one call of its own tool."""
+    tool = ToolSpec(name=f"tool_{i}", description=f"Tool {i}.")
+    return Episode(id=f"e{i}", task=f"Request {i}.", tools=[tool], reward=1.0, metadata={"domain": domain},
+                   steps=[Step(tool=tool.name, observation="ok", error=error), Step(kind="assistant", content="done")])
+
+
+def test_composed_requests_ask_both_parts_and_call_both_tools() -> None:
+    logs = [one_call(i) for i in range(10)] + [one_call(10, error=True), one_call(11, "other")]
+    composed = compose_requests(logs, 1.0, seed=3)
+    assert composed[: len(logs)] == logs  # the logs themselves stay, in order
+    new = composed[len(logs):]
+    assert len(new) == 5  # 10 clean one-call episodes of "single" pair up; the failed one and "other" stay alone
+    used = [part for episode in new for part in episode.id.split("+")]
+    assert len(used) == len(set(used)) == 10
+    for episode in new:
+        first, second = (logs[int(part[1:])] for part in episode.id.split("+"))
+        assert episode.task == f"{first.task} Then: {second.task}"
+        assert [step.tool for step in episode.steps[:2]] == [first.steps[0].tool, second.steps[0].tool]
+        assert {tool.name for tool in episode.tools} == {first.steps[0].tool, second.steps[0].tool}
+        # after the first call the request still asks for the second: FINISH comes only at the end
+        assert [point.action for point in decisions(episode, 2)] == [first.steps[0].tool, second.steps[0].tool, FINISH]
+    assert compose_requests(logs, 0.0) == logs
+    assert len(compose_requests(logs, 0.4, seed=3)) == len(logs) + 2

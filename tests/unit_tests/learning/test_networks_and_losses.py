@@ -289,7 +289,6 @@ def test_context_features_compare_open_tools_and_say_whether_the_work_looks_done
     scorer = ToolScorer(state_dim=3 * d + 2, tool_dim=d, n_known_tools=1)
     tools = torch.eye(d)  # three real tools and FINISH (last), unit vectors
     request = torch.tensor([0.6, 0.8, 0.0, 0.0])  # similarity 0.6, 0.8, 0.0 to the real tools
-    states = torch.cat([request, torch.zeros(2 * d + 2)])[None]
     pairs = torch.zeros(1, 4, N_PAIR_FEATURES)
     column = PAIR_FEATURES.index
     pairs[0, :, column("available")] = 1.0
@@ -297,10 +296,30 @@ def test_context_features_compare_open_tools_and_say_whether_the_work_looks_done
     pairs[0, 1, column("called_in_turn")] = 1.0  # the best-matching tool was called in this turn
     pairs[0, 2, column("named_in_request")] = 0.5
     pairs[0, 0, column("provides_missing")] = 1.0
-    context = scorer.context_features(states, tools, pairs)[0]
+    context = scorer.context_features(request[None] @ tools.T, pairs)[0]
     # real tools: similarity minus the best open one (0.6); the called tool is not open
     assert context[:3, 0].tolist() == pytest.approx([0.0, 0.0, -0.6])
     assert context[:3, 1:].abs().sum() == 0.0
     # FINISH: best open 0.6, the called tool matched 0.2 better, half a name named, something was
     # called, and an open tool would give a missing identifier
     assert context[3].tolist() == pytest.approx([0.0, 0.6, 0.2, 0.5, 0.0, 1.0])
+
+
+def test_per_state_candidates_score_like_the_shared_tool_table() -> None:
+    torch.manual_seed(0)
+    d, n = 8, 6
+    scorer = ToolScorer(state_dim=3 * d + 2, tool_dim=d, n_known_tools=n,
+                        config=NetworkConfig(hidden=4, dropout=0.0)).eval()
+    with torch.no_grad():
+        for parameter in scorer.parameters():
+            parameter.normal_()
+    states = torch.randn(3, 3 * d + 2)
+    tools = torch.nn.functional.normalize(torch.randn(n, d), dim=1)
+    pairs = torch.rand(3, n, N_PAIR_FEATURES)
+    ids = torch.arange(n)
+    shared = scorer(states, tools, ids, pairs)
+    # each state's candidates in its own order: the scores follow them
+    order = torch.stack([torch.randperm(n) for _ in range(3)])
+    rows = torch.arange(3)[:, None]
+    own = scorer(states, tools, ids, pairs[rows, order], candidates=order)
+    assert torch.allclose(own, shared.gather(1, order), atol=1e-4)
