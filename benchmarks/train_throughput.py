@@ -387,8 +387,8 @@ What differs (same data, same state information, same 256-wide hidden layers, Ad
 * ours: two-tower tool-conditioned scorer, {counts['ours']:,} parameters. Its state input is
   {ours_learner.input_dim}-d: the layout has {N_SLOTS} text slots of 384 ({slots}) plus
   {N_STATE_FEATURES} features; only the request slot is non-zero here. Training batches carry each state's
-  own candidates (here all {N_TOOLS}), so every update runs the tool tower over batch x {N_TOOLS} tool
-  embeddings; the score is a dot product of state and tool features, plus pair terms. Parts:
+  own candidates (here all {N_TOOLS}; a table this small is scored whole, then each state's columns
+  kept); the score is a dot product of state and tool features, plus pair terms. Parts:
 {describe(ours_learner.modules()[0])}
   Double-DQN target, Polyak target update every step, Huber TD + alpha*CQL, fused Adam.
 * same-mlp: our CQL loop (sampler, update, Polyak, fused Adam) around d3rlpy's plain Q-MLP

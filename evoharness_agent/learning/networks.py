@@ -39,6 +39,7 @@ __all__ = ["NetworkConfig", "StateValue", "ToolScorer", "masked_log_softmax", "m
 SCALAR_GAIN = 10.0  # Adam moves every parameter ~lr per step; the few scalar score offsets
 # (per-tool bias, pair weights) are multiplied by this so they learn as fast as the towers.
 N_CONTEXT_FEATURES = 6  # see ToolScorer.context_features
+DENSE_TABLE_FACTOR = 4  # candidates are scored through the whole table while it has at most 4x as many tools
 NEG_INF = -1e9  # finite on purpose: bf16 and softmax stay NaN-free when a row is all masked
 
 
@@ -137,9 +138,13 @@ class ToolScorer(nn.Module):
                 thousands of the logs); the result is then ``(B, K)``.
 
         """
-        if candidates is None:
+        # Scoring the whole table and keeping each state's columns is cheaper while the table is
+        # small next to the candidates; with thousands of tools, score the candidates alone.
+        if candidates is None or tool_embeddings.shape[0] <= DENSE_TABLE_FACTOR * candidates.shape[1]:
             scores = self.encode_states(states) @ self.encode_tools(tool_embeddings, tool_ids).T
             similarity = self._request(states).float() @ tool_embeddings.float().T
+            if candidates is not None:
+                scores, similarity = scores.gather(1, candidates), similarity.gather(1, candidates)
         else:
             scores, similarity = self._candidate_scores(states, tool_embeddings, tool_ids, candidates)
         if pairs is not None:

@@ -15,7 +15,13 @@ from evoharness_agent.learning.algorithms.bc import bc_loss
 from evoharness_agent.learning.algorithms.bcq import allowed_actions
 from evoharness_agent.learning.algorithms.cql import cql_penalty
 from evoharness_agent.learning.algorithms.iql import advantage_weights, expectile_loss
-from evoharness_agent.learning.networks import NetworkConfig, ToolScorer, masked_log_softmax, masked_scores
+from evoharness_agent.learning.networks import (
+    DENSE_TABLE_FACTOR,
+    NetworkConfig,
+    ToolScorer,
+    masked_log_softmax,
+    masked_scores,
+)
 
 TOOL_DIM = 16
 N_TOOLS = 5
@@ -323,3 +329,9 @@ def test_per_state_candidates_score_like_the_shared_tool_table() -> None:
     rows = torch.arange(3)[:, None]
     own = scorer(states, tools, ids, pairs[rows, order], candidates=order)
     assert torch.allclose(own, shared.gather(1, order), atol=1e-4)
+    # a table much larger than the candidates: those alone are scored, term by term, to the same result
+    few = order[:, :1]
+    assert tools.shape[0] > DENSE_TABLE_FACTOR * few.shape[1]
+    one_by_one = torch.cat([scorer(states[b : b + 1], tools[few[b]], ids[few[b]], pairs[b : b + 1, few[b]])
+                            for b in range(3)])
+    assert torch.allclose(scorer(states, tools, ids, pairs[rows, few], candidates=few), one_by_one, atol=1e-4)
