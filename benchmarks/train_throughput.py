@@ -109,7 +109,6 @@ def make_synthetic(n: int, seed: int) -> Synthetic:
     following = torch.arange(n) + 1
     following[dones] = torch.arange(n)[dones]  # a terminal's next state is itself, as in build_dataset
     features = torch.zeros(n, N_STATE_FEATURES)
-    masks = torch.ones(n, N_TOOLS, dtype=torch.bool)
     # Sparse pair storage as build_dataset writes it: every tool is available at every decision,
     # in table order, so each state's candidates are rows 0..N-1 (FINISH is row 0).
     pair_values = torch.zeros(n, N_TOOLS, N_PAIR_FEATURES)
@@ -117,8 +116,8 @@ def make_synthetic(n: int, seed: int) -> Synthetic:
     pair_values[:, 0, IS_FINISH] = 1.0
     tensors = {
         "rows": rows, "features": features, "actions": actions, "rewards": rewards,
-        "dones": dones.float(), "masks": masks, "next_rows": rows[following],
-        "next_features": features[following], "next_masks": masks[following], "following": following,
+        "dones": dones.float(), "next_rows": rows[following],
+        "next_features": features[following], "following": following,
         "pair_offsets": torch.arange(n + 1) * N_TOOLS,
         "pair_tools": torch.arange(N_TOOLS).repeat(n),
         "pair_values": pair_values.reshape(-1, N_PAIR_FEATURES),

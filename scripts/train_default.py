@@ -9,7 +9,7 @@ does). Held-out splits stay out, so the figures measured on them stay fair:
 * BFCL multi-turn scenarios whose number is 0 mod 5 (all four variants);
 * tau2-bench airline's official test split, and tau-bench airline tasks 40-49 (the gpt-4o
   runs' and the replayed test tasks' held-out tasks);
-* tau2-bench retail's last 14 of its 74 tasks (:func:`tau2_retail_split`).
+* 14 of tau2-bench retail's 74 tasks, spread over the task ids (:func:`tau2_retail_split`).
 
 Usage: python scripts/train_default.py [--algo cql] [--steps 2000] [--json result.json]
        [--out evoharness_agent/trained/default]

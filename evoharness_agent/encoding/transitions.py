@@ -52,13 +52,6 @@ class ToolTable:
         """Tool names in row order."""
         return [spec.name for spec in self.specs]
 
-    def mask(self, available: Iterable[str]) -> torch.Tensor:
-        """Return a boolean row mask of the available tools that this table knows."""
-        mask = torch.zeros(len(self.specs), dtype=torch.bool)
-        rows = [self.index[name] for name in available if name in self.index]
-        mask[rows] = True
-        return mask
-
 
 @dataclass
 class Batch:
@@ -126,7 +119,7 @@ class TransitionDataset:
                          dones=take("dones"), masks=masks, next_masks=next_masks, pairs=pairs,
                          next_pairs=next_pairs, candidates=candidates, next_candidates=next_candidates)
         return Batch(states=states, actions=take("actions"), rewards=take("rewards"), next_states=next_states,
-                     dones=take("dones"), masks=take("masks"), next_masks=take("next_masks"),
+                     dones=take("dones"), masks=self.masks(index), next_masks=self.masks(following),
                      pairs=self.pairs(index), next_pairs=self.pairs(following))
 
     def _entries(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -155,6 +148,17 @@ class TransitionDataset:
         mask[owner, slot] = True
         pairs[owner, slot] = t["pair_values"].index_select(0, entry)
         return rows, mask, pairs
+
+    def masks(self, index: torch.Tensor) -> torch.Tensor:
+        """Return the dense ``(len(index), N)`` masks of the tools available at the transitions at ``index``.
+
+        Built from the sparse pair storage (its rows are exactly the available tools), so a data
+        set does not keep transitions x tools booleans.
+        """
+        owner, _, entry, _ = self._entries(index)
+        dense = torch.zeros((index.shape[0], len(self.tools.specs)), dtype=torch.bool, device=index.device)
+        dense[owner, self.tensors["pair_tools"].index_select(0, entry)] = True
+        return dense
 
     def pairs(self, index: torch.Tensor) -> torch.Tensor:
         """Return the dense ``(len(index), N, F)`` pair features of the transitions at ``index``.
@@ -207,7 +211,7 @@ def build_dataset(
     def tool_text(name: str) -> str:
         return tools.specs[tools.index[name]].text()
 
-    rows, features, actions, rewards, dones, masks, episode_ids = [], [], [], [], [], [], []
+    rows, features, actions, rewards, dones, episode_ids = [], [], [], [], [], []
     pair_counts: list[int] = []
     pair_tools: list[int] = []
     pair_values: list[list[float]] = []
@@ -219,7 +223,6 @@ def build_dataset(
             features.append(point.features)
             actions.append(tools.index[point.action])
             rewards.append(reward)
-            masks.append(tools.mask(point.available))
             candidates = sorted(tools.index[name] for name in point.available if name in tools.index)
             kept = list(zip(candidates, point.pair_features([tools.specs[i] for i in candidates]), strict=True))
             pair_counts.append(len(kept))
@@ -239,7 +242,6 @@ def build_dataset(
     row_tensor = torch.tensor(rows, dtype=torch.long).reshape(n, n_slots(history_window))
     feature_tensor = torch.tensor(features, dtype=torch.float32).reshape(n, N_STATE_FEATURES)
     done_tensor = torch.tensor(dones, dtype=torch.bool)
-    mask_tensor = torch.stack(masks) if masks else torch.zeros((0, len(tools.specs)), dtype=torch.bool)
     # The next state of a transition is the following row; a terminal one points at itself
     # and is ignored through ``dones``.
     following = torch.arange(n) + 1
@@ -250,10 +252,8 @@ def build_dataset(
         "actions": torch.tensor(actions, dtype=torch.long),
         "rewards": torch.tensor(rewards, dtype=torch.float32),
         "dones": done_tensor.float(),
-        "masks": mask_tensor,
         "next_rows": row_tensor[following],
         "next_features": feature_tensor[following],
-        "next_masks": mask_tensor[following],
         "following": following,
         "pair_offsets": torch.tensor([0, *np.cumsum(pair_counts, dtype=np.int64)], dtype=torch.long),
         "pair_tools": torch.tensor(pair_tools, dtype=torch.long),

@@ -212,10 +212,17 @@ def gpt4o_airline_split(
 
 
 def tau2_retail_split(episodes: Iterable[Episode], n_test: int = 14) -> tuple[list[Episode], list[Episode]]:
-    """Split tau2-bench retail's 74 (train-split) tasks into (train, test): test = the last ``n_test`` task ids."""
+    """Split tau2-bench retail's 74 (train-split) tasks into (train, test): ``n_test`` tasks spread over the ids.
+
+    The test tasks are taken at even steps through the tasks in id order, not from the end:
+    tau2's gold action lists name the lookups (``find_user_id_by_name_zip``, ``get_order_details``)
+    for most tasks below id 63 and only the writes from there on, so a tail split would test
+    write-only logs against a policy trained mostly on lookup-first ones.
+    """
     ordered = sorted(episodes, key=lambda episode: int(episode.metadata["task_id"]))
-    cut = len(ordered) - n_test
-    return ordered[:cut], ordered[cut:]
+    step = len(ordered) / max(n_test, 1)
+    picked = {min(int((i + 0.5) * step), len(ordered) - 1) for i in range(min(n_test, len(ordered)))}
+    return [e for i, e in enumerate(ordered) if i not in picked], [e for i, e in enumerate(ordered) if i in picked]
 
 
 _HELD_OUT_AIRLINE_TASKS = range(40, 50)

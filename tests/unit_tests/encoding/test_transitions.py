@@ -143,7 +143,7 @@ def test_decisions_default_availability_is_all_tools() -> None:
     assert decisions(no_decisions(), history_window=4) == []
 
 
-def test_tool_table_finish_first_dedup_and_mask(encoder: StateEncoder) -> None:
+def test_tool_table_finish_first_and_dedup(encoder: StateEncoder) -> None:
     renamed = ToolSpec(name="search", description="A different description, ignored.")
     table = ToolTable.from_specs([SEARCH, READ, renamed, WRITE], encoder)
     assert table.names == [FINISH, "search", "read_file", "write_file"]
@@ -151,8 +151,6 @@ def test_tool_table_finish_first_dedup_and_mask(encoder: StateEncoder) -> None:
     assert table.index == {FINISH: 0, "search": 1, "read_file": 2, "write_file": 3}
     np.testing.assert_allclose(table.embeddings[0].numpy(), encoder.embed([finish_spec().text()])[0])
     np.testing.assert_allclose(table.embeddings[3].numpy(), encoder.embed([WRITE.text()])[0])
-    assert table.mask({"read_file", "unknown_tool", FINISH}).tolist() == [True, False, True, False]
-    assert table.mask(set()).tolist() == [False] * 4
 
 
 Built = tuple[list[Episode], TransitionDataset]
@@ -173,7 +171,7 @@ def test_build_dataset_actions_masks_and_tools(built: Built) -> None:
     assert [names[a] for a in t["actions"].tolist()] == [
         "search", "read_file", FINISH, "write_file", FINISH, "search", FINISH]
     assert t["episode_ids"].tolist() == [0, 0, 0, 0, 0, 2, 2]
-    masks = t["masks"].tolist()
+    masks = data.masks(torch.arange(len(data))).tolist()
     first, second = [True, True, True, False], [True, True, True, True]
     assert masks[:5] == [first, first, first, second, second]
     # the single-tool episode only offers its own tool, although the table knows more
@@ -187,7 +185,8 @@ def test_build_dataset_next_state_and_done_wiring(built: Built) -> None:
     following = [1, 2, 3, 4, 4, 6, 6]  # terminal transitions point at themselves
     assert torch.equal(t["next_rows"], t["rows"][following])
     assert torch.equal(t["next_features"], t["features"][following])
-    assert torch.equal(t["next_masks"], t["masks"][following])
+    everything = torch.arange(len(data))
+    assert torch.equal(data.batch(everything).next_masks, data.masks(everything)[following])
     # the episode boundary is never crossed
     ends = t["dones"].bool()
     ids = t["episode_ids"]
@@ -297,10 +296,10 @@ def test_extra_tools_join_the_table(encoder: StateEncoder) -> None:
     extra = ToolSpec(name="brand_new", description="Never seen in the logs.")
     data = build_dataset([single()], encoder, history_window=1, extra_tools=[extra])
     assert data.tools.names == [FINISH, "search", "brand_new"]
-    assert data.tensors["masks"][:, 2].tolist() == [False, False]
+    assert data.masks(torch.arange(len(data)))[:, 2].tolist() == [False, False]
 
 
 def test_empty_logs_give_an_empty_dataset(encoder: StateEncoder) -> None:
     data = build_dataset([no_decisions()], encoder, history_window=2)
     assert len(data) == 0
-    assert data.tensors["masks"].shape == (0, 2)
+    assert data.masks(torch.arange(len(data))).shape == (0, 2)
