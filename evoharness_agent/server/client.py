@@ -90,6 +90,11 @@ def _allowed(available: Collection[str] | None, tools: Sequence[Mapping[str, Any
     return sorted(set(available) & {tool["name"] for tool in tools})
 
 
+def _backoff(attempt: int) -> float:
+    """Seconds to wait before retry ``attempt + 1``: 50 ms, doubling."""
+    return 0.05 * 2**attempt
+
+
 def _raise_for(response: httpx.Response) -> None:
     """Turn an error status into :class:`PolicyServerError` (or :class:`PolicyRequestError`), with its detail."""
     if response.is_success:
@@ -132,13 +137,11 @@ class PolicyClient:
             try:
                 response = self._http.request(method, path, json=body)
             except httpx.TransportError as error:
-                if attempt == self.retries:
-                    raise PolicyServerError(f"policy server {self.base_url} unreachable: {error!r}") from error
+                self._give_up_on(error, attempt)
             else:
-                if response.status_code not in _RETRY_STATUS or attempt == self.retries:
-                    _raise_for(response)
+                if self._final(response, attempt):
                     return response
-            time.sleep(0.05 * 2**attempt)
+            time.sleep(_backoff(attempt))
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     async def _arequest(self, method: str, path: str, body: Any = None) -> httpx.Response:
@@ -150,14 +153,24 @@ class PolicyClient:
             try:
                 response = await self._async_http.request(method, path, json=body)
             except httpx.TransportError as error:
-                if attempt == self.retries:
-                    raise PolicyServerError(f"policy server {self.base_url} unreachable: {error!r}") from error
+                self._give_up_on(error, attempt)
             else:
-                if response.status_code not in _RETRY_STATUS or attempt == self.retries:
-                    _raise_for(response)
+                if self._final(response, attempt):
                     return response
-            await asyncio.sleep(0.05 * 2**attempt)
+            await asyncio.sleep(_backoff(attempt))
         raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    def _give_up_on(self, error: httpx.TransportError, attempt: int) -> None:
+        """Raise :class:`PolicyServerError` when a transport failure was the last attempt; else let it retry."""
+        if attempt == self.retries:
+            raise PolicyServerError(f"policy server {self.base_url} unreachable: {error!r}") from error
+
+    def _final(self, response: httpx.Response, attempt: int) -> bool:
+        """Whether ``response`` is the answer (raising on an error status); ``False``: retry it."""
+        if response.status_code in _RETRY_STATUS and attempt < self.retries:
+            return False
+        _raise_for(response)
+        return True
 
     def close(self) -> None:
         """Close the sync connection pool (use :meth:`aclose` for the async one)."""
