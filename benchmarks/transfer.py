@@ -8,7 +8,7 @@ Hyperparameters are chosen on the validation domains (``stabletoolbench``, ``bfc
 never on the reported ones.
 
 Usage: python benchmarks/transfer.py [--leave-out bfcl,tau_retail,tau2_airline,metatool]
-       [--algo cql] [--steps 2000] [--distractors 8] [--answer-only-share 0.2] [--composed-share 0.5]
+       [--algo cql] [--steps 2000] [--distractors 8] [--answer-only-share 0.0] [--composed-share 0.5]
        [--tool-bias] [--set model.hidden=32]
        [--json runs/transfer.json]
 """
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--distractors", type=int, default=8)
-    parser.add_argument("--answer-only-share", type=float, default=0.2,
+    parser.add_argument("--answer-only-share", type=float, default=0.0,
                         help="share of the episodes that never call a tool to train on")
     parser.add_argument("--composed-share", type=float, default=0.5,
                         help="share of the one-call episodes joined into two-part requests")

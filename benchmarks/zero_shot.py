@@ -1,6 +1,9 @@
 """The zero-shot agent suite: a policy vs embedding similarity on tools no data set has.
 
-Runs, in one go, over :data:`~evoharness_agent.evaluation.zero_shot.ZERO_SHOT_TASKS`:
+Runs, in one go, over :data:`~evoharness_agent.evaluation.zero_shot.ZERO_SHOT_TASKS` (the reported
+figure) or, with ``--suite validation``, over
+:data:`~evoharness_agent.evaluation.zero_shot_validation.VALIDATION_TASKS` (disjoint tasks and
+tools, the one to choose hyperparameters on):
 
 * ``policy``: the trained policy (``--policy``, the shipped ``trained/default`` by default);
 * ``embedding_similarity``: tools by similarity to the request, each once, FINISH after
@@ -12,8 +15,8 @@ Bigram and frequency baselines are left out: they count tool names, and no name 
 in any log. Prints the table (and, with ``--misses``, the policy's wrong decisions); writes
 JSON with ``--json``.
 
-Usage: python benchmarks/zero_shot.py [--policy trained/default] [--json out.json]
-       [--calls-per-turn 2] [--misses]
+Usage: python benchmarks/zero_shot.py [--suite reported|validation] [--policy trained/default]
+       [--json out.json] [--calls-per-turn 2] [--misses]
 """
 
 from __future__ import annotations
@@ -33,14 +36,19 @@ from evoharness_agent.evaluation.zero_shot import (
     print_zero_shot,
     random_expectation,
 )
+from evoharness_agent.evaluation.zero_shot_validation import VALIDATION_TASKS, VALIDATION_TOOLSETS
 from evoharness_agent.policy import ToolPolicy
 
 console = Console()
+
+SUITES = {"reported": (ZERO_SHOT_TASKS, ZERO_SHOT_TOOLSETS), "validation": (VALIDATION_TASKS, VALIDATION_TOOLSETS)}
 
 
 def main() -> None:
     """Run the suite for the policy and the baselines, print the table, write JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=sorted(SUITES), default="reported",
+                        help="reported: the figure; validation: the suite to tune on")
     parser.add_argument("--policy", type=Path, default=SHIPPED_POLICY, help="policy directory")
     parser.add_argument("--json", type=Path, default=None, help="write the reports here")
     parser.add_argument("--calls-per-turn", type=int, default=2, help="embedding similarity's calls before FINISH")
@@ -53,10 +61,11 @@ def main() -> None:
     except (FileNotFoundError, ValueError) as error:  # not a policy directory, or another state layout
         console.print(f"[red]cannot load {args.policy}: {error}")
         raise SystemExit(1) from error
-    reports = [evaluate_zero_shot(PolicyChooser(policy, name="policy"), ZERO_SHOT_TASKS),
-               evaluate_zero_shot(EmbeddingChooser(policy.encoder, args.calls_per_turn), ZERO_SHOT_TASKS),
-               random_expectation(ZERO_SHOT_TASKS)]
-    print_zero_shot(reports, console, title=f"zero-shot suite, policy {args.policy}")
+    tasks, toolsets = SUITES[args.suite]
+    reports = [evaluate_zero_shot(PolicyChooser(policy, name="policy"), tasks),
+               evaluate_zero_shot(EmbeddingChooser(policy.encoder, args.calls_per_turn), tasks),
+               random_expectation(tasks)]
+    print_zero_shot(reports, console, title=f"zero-shot {args.suite} suite, policy {args.policy}")
     if args.misses:
         for decision in reports[0].decisions:
             if not decision.correct:
@@ -65,7 +74,8 @@ def main() -> None:
     if args.json:
         document = {
             "policy": str(args.policy),
-            "suite": {"toolsets": {name: [tool.name for tool in tools] for name, tools in ZERO_SHOT_TOOLSETS.items()},
+            "suite": {"name": args.suite,
+                      "toolsets": {name: [tool.name for tool in tools] for name, tools in toolsets.items()},
                       "n_tasks": reports[0].overall.n_tasks, "n_decisions": reports[0].overall.n_decisions},
             "embedding_calls_per_turn": args.calls_per_turn,
             "reports": {report.chooser: report.to_json() for report in reports},

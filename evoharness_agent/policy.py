@@ -26,6 +26,7 @@ from evoharness_agent.encoding.state import (
     state_parts,
     state_rows,
     step_text,
+    tool_coverage,
 )
 from evoharness_agent.learning.algorithms import Algorithm, ToolInputs
 from evoharness_agent.learning.calibration import softmax_with_temperature
@@ -150,8 +151,12 @@ class ToolPolicy:
         return ToolInputs(vectors, ids)
 
     def _state_inputs(self, states: Sequence[tuple[str, Sequence[Step]]], specs: Sequence[ToolSpec],
-                      available: Sequence[Collection[str] | None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Build state vectors and per-tool pair features, embedding each distinct text once."""
+                      tool_vectors: np.ndarray, available: Sequence[Collection[str] | None] | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Build state vectors and per-tool pair features, embedding each distinct text once.
+
+        ``tool_vectors`` are the embeddings of ``specs``, in order.
+        """
         by_name = {spec.name: spec for spec in specs}
         names = [spec.name for spec in specs]
         text_rows: dict[str, int] = {}
@@ -167,7 +172,8 @@ class ToolPolicy:
             parts = state_parts(task, history, self.history_window)
             rows.append(state_rows(parts, tool_text, row, self.history_window))
             features.append(parts.features)
-            pairs.append(parts.pair_features(specs, allowed))
+            coverage = tool_coverage(parts, specs, tool_vectors, self.encoder.embed, tool_text)
+            pairs.append(parts.pair_features(specs, allowed, coverage))
         dim = int(self.meta["tool_dim"])
         table = torch.zeros((len(text_rows) + 1, dim), dtype=torch.float32)
         if text_rows:
@@ -190,7 +196,8 @@ class ToolPolicy:
         specs = [spec for spec in map(as_tool_spec, tools) if spec.name != FINISH]
         if include_finish:
             specs.append(finish_spec())
-        tool_inputs, state_inputs = self._tool_inputs(specs), self._state_inputs(states, specs, available)
+        tool_inputs = self._tool_inputs(specs)
+        state_inputs = self._state_inputs(states, specs, tool_inputs.embeddings.cpu().numpy(), available)
         if self._onnx_scorer is not None:
             assert tool_inputs.ids is not None  # _tool_inputs always looks the ids up
             scores = self._onnx_scorer.scores(state_inputs[0].numpy(), tool_inputs.embeddings.numpy(),

@@ -3,7 +3,8 @@
 Every text (a task, a user message, one step, one tool description) is embedded exactly
 once: the in-memory cache serves repeats within a run (so an agent's growing history costs
 one new embedding per step), and the on-disk SQLite cache serves repeats across runs (so a
-second ``train`` over the same logs encodes zero texts).
+second ``train`` over the same logs encodes zero texts). The texts not cached can be encoded by
+several processes on one machine (``embed(..., processes=N)``: sentence-transformers' pool).
 """
 
 from __future__ import annotations
@@ -214,8 +215,13 @@ class StateEncoder:
         raw = f"{self.model_name}\x00{self.max_seq_length}\x00{text}".encode()
         return hashlib.sha256(raw).hexdigest()
 
-    def embed(self, texts: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
-        """Return L2-normalised float32 embeddings, shape ``(len(texts), dim)``."""
+    def embed(self, texts: Sequence[str], *, show_progress: bool = False, processes: int = 1) -> np.ndarray:
+        """Return L2-normalised float32 embeddings, shape ``(len(texts), dim)``.
+
+        ``processes`` > 1 encodes the texts missing from both caches with sentence-transformers'
+        multi-process pool (that many workers on this encoder's device), when there are enough of
+        them to give every worker a batch; starting the workers costs a model load each.
+        """
         keys = [self._key(t) for t in texts]
         missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._memory}
         if missing and self._disk is not None:
@@ -229,11 +235,7 @@ class StateEncoder:
             missing = {k: t for k, t in missing.items() if k not in self._memory}
         if missing:
             with self._model_lock:
-                model = self._load()
-                vectors = model.encode(
-                    list(missing.values()), batch_size=self.batch_size, convert_to_numpy=True,
-                    normalize_embeddings=True, show_progress_bar=show_progress,
-                ).astype(np.float32)
+                vectors = self._encode(list(missing.values()), show_progress, processes).astype(np.float32)
             fresh = dict(zip(missing, vectors, strict=True))
             self._memory.update(fresh)
             self.n_encoded += len(fresh)
@@ -242,3 +244,18 @@ class StateEncoder:
         if not keys:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self._memory[k] for k in keys])
+
+    def _encode(self, texts: list[str], show_progress: bool, processes: int) -> np.ndarray:
+        """Run ``texts`` through the model, in a pool of ``processes`` workers when each gets a batch."""
+        model = self._load()
+        options = {"batch_size": self.batch_size, "convert_to_numpy": True, "normalize_embeddings": True,
+                   "show_progress_bar": show_progress}
+        if processes <= 1 or len(texts) < processes * self.batch_size:
+            return model.encode(texts, **options)
+        device = model.device
+        pool = model.start_multi_process_pool([str(device)] * processes)
+        try:
+            return model.encode(texts, pool=pool, **options)
+        finally:
+            model.stop_multi_process_pool(pool)
+            model.to(device)  # starting the pool moved the model to the CPU

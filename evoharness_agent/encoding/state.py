@@ -14,10 +14,12 @@ features              calls since the request (scaled), whether the last call fa
 
 plus, per candidate tool, the pair features of :data:`PAIR_FEATURES`: what the history says about
 that tool (called in this turn, just called and it worked or failed, how often), whether the
-request names it, whether its required identifiers are still unknown, and whether it is the
+request names it, whether its required identifiers are still unknown, whether it is the
 tool that would give an identifier another tool still needs (a prerequisite: ``find_customer``
-before ``list_orders(customer_id)``; the parameter schemas say so). They describe a tool
-by its relation to the state, never by its identity, so they carry over to tools never seen.
+before ``list_orders(customer_id)``; the parameter schemas say so), and how well it serves a
+part of the request that no tool called in this turn serves yet (:func:`part_coverage`: "the
+weather in Paris, in Fahrenheit" still needs a conversion after ``get_weather``). They describe
+a tool by its relation to the state, never by its identity, so they carry over to tools never seen.
 
 Training (:func:`evoharness_agent.encoding.transitions.build_dataset`) and serving
 (:class:`evoharness_agent.policy.ToolPolicy`) both call :func:`state_parts`,
@@ -34,6 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
@@ -47,6 +50,7 @@ __all__ = [
     "NAMED_IN_REQUEST",
     "PAIR_FEATURES",
     "PROVIDES_MISSING",
+    "SERVES_OPEN_PART",
     "STATE_LAYOUT_VERSION",
     "N_STATE_FEATURES",
     "PAD",
@@ -57,9 +61,12 @@ __all__ = [
     "decisions",
     "gather_states",
     "n_slots",
+    "part_coverage",
+    "request_parts",
     "state_dim",
     "state_parts",
     "state_rows",
+    "tool_coverage",
     "step_text",
 ]
 
@@ -79,6 +86,7 @@ PAIR_FEATURES = (
     "named_in_request",    # the request names it (its name, or the words of its name)
     "missing_ids",         # share of its required identifier arguments nothing so far has given
     "provides_missing",    # it is named for an identifier another available tool needs and nothing gave yet
+    "serves_open_part",    # how much better it matches some part of the request than any tool called in this turn
     "available",           # it may be called now (the scorer compares a tool with the others available)
     "is_finish",           # it is FINISH, "answer now"
 )
@@ -89,7 +97,8 @@ IS_FINISH = PAIR_FEATURES.index("is_finish")
 CALLED_IN_TURN = PAIR_FEATURES.index("called_in_turn")
 PROVIDES_MISSING = PAIR_FEATURES.index("provides_missing")
 NAMED_IN_REQUEST = PAIR_FEATURES.index("named_in_request")
-STATE_LAYOUT_VERSION = 4
+SERVES_OPEN_PART = PAIR_FEATURES.index("serves_open_part")
+STATE_LAYOUT_VERSION = 5
 """Stored in policy metadata: a policy trained on another layout must be retrained, not misread."""
 PAD = 0
 """Row 0 of every text table is the zero vector: an empty slot."""
@@ -114,6 +123,49 @@ def step_text(step: Step) -> str:
     status = "error" if step.error else "ok"
     return (f"called {step.tool}({_clip(arguments, MAX_ARGUMENT_CHARS)}) -> {status}: "
             f"{_clip(step.observation, MAX_OBSERVATION_CHARS)}")
+
+
+_PART_BREAK = re.compile(r"(?<=[.?!;])\s+|,\s*(?:and\s+|then\s+)?|\s+(?:and then|then|and also|and|also|as well as)\s+",
+                         re.IGNORECASE)
+MAX_REQUEST_PARTS = 8
+
+
+def request_parts(request: str) -> list[str]:
+    """Split a request into its clauses (sentences, commas, "and", "then"): the pieces of work it asks for.
+
+    A whole request's embedding is dominated by its main ask; a clause such as "in Fahrenheit"
+    or "and log the call" is what shows that more than one tool is needed.
+    """
+    pieces = [piece.strip() for piece in _PART_BREAK.split(request[:MAX_CONTENT_CHARS]) if piece and piece.strip()]
+    pieces = [piece for piece in pieces if len(piece) > 3]
+    return pieces[:MAX_REQUEST_PARTS] or [request[:MAX_CONTENT_CHARS]]
+
+
+def part_coverage(part_vectors: np.ndarray, tool_vectors: np.ndarray, called: np.ndarray) -> np.ndarray:
+    """Return, per tool, how much better it serves some request part than the tools called in this turn do.
+
+    ``part_vectors`` (P, E) embed :func:`request_parts`, ``tool_vectors`` (N, E) the tools, and
+    ``called`` (N,) marks the tools called since the latest request. A part no called tool
+    serves keeps its full similarity; before any call the value is the tool's best part similarity.
+    """
+    # float64: a tool's value must not depend on which other tools share the product (BLAS rounding).
+    similarity = part_vectors.astype(np.float64) @ tool_vectors.astype(np.float64).T
+    covered = similarity[:, called].max(axis=1) if called.any() else np.zeros(len(part_vectors), similarity.dtype)
+    return (similarity - np.maximum(covered, 0.0)[:, None]).max(axis=0)
+
+
+def tool_coverage(parts: StateParts, tools: Sequence[ToolSpec], tool_vectors: np.ndarray,
+                  embed: Callable[[list[str]], np.ndarray], tool_text: Callable[[str], str]) -> list[float]:
+    """Return each of ``tools``' :func:`part_coverage` at a state (``coverage`` of :meth:`StateParts.pair_features`).
+
+    ``embed`` embeds texts (cached), ``tool_text(name)`` gives the text of a tool called in this
+    turn that is not among ``tools`` (it still covers its part of the request).
+    """
+    names = {tool.name for tool in tools}
+    elsewhere = [name for name in parts.calls_in_turn if name not in names]
+    vectors = np.concatenate([tool_vectors, embed([tool_text(n) for n in elsewhere])]) if elsewhere else tool_vectors
+    called = np.array([tool.name in parts.calls_in_turn for tool in tools] + [True] * len(elsewhere))
+    return part_coverage(embed(request_parts(parts.request)), vectors, called)[: len(tools)].tolist()
 
 
 def n_slots(history_window: int) -> int:
@@ -159,8 +211,11 @@ class StateParts:
         previous = tool_text(self.previous_tool) if self.previous_tool else None
         return [self.request, previous, self.task, *self.history]
 
-    def pair_features(self, tools: Sequence[ToolSpec], available: Collection[str] | None = None) -> list[list[float]]:
+    def pair_features(self, tools: Sequence[ToolSpec], available: Collection[str] | None = None,
+                      coverage: Sequence[float] | None = None) -> list[list[float]]:
         """Return the :data:`PAIR_FEATURES` of each tool, in order (``available``: all of ``tools`` when ``None``).
+
+        ``coverage`` is each tool's :func:`part_coverage` (it needs the embeddings; 0 when ``None``).
 
         Few real calls repeat a tool (in BFCL 5% repeat one from earlier in the episode), and
         a call that just worked is almost never repeated at once: facts no state vector can
@@ -178,7 +233,8 @@ class StateParts:
             for argument in arguments if open_ and tool.name != FINISH else ():
                 wanted.setdefault(_subject_words(argument), []).append((tool.name, argument))
         out = []
-        for tool, tool_ids, tool_missing in zip(tools, ids, missing, strict=True):
+        coverage = coverage if coverage is not None else [0.0] * len(tools)
+        for tool, tool_ids, tool_missing, served in zip(tools, ids, missing, coverage, strict=True):
             name = tool.name
             just = name == just_called
             out.append([
@@ -191,6 +247,7 @@ class StateParts:
                 _named_in(name, request, request_words, request_stems),
                 len(tool_missing) / max(len(tool_ids), 1),
                 0.0 if tool_missing else _provides(tool, tool_ids, wanted),
+                0.0 if name == FINISH else float(served),
                 float(available is None or name in available or name == FINISH),
                 float(name == FINISH),
             ])

@@ -3,13 +3,19 @@
 Each decision of an episode becomes one transition whose state follows the one layout of
 :mod:`evoharness_agent.encoding.state`. Transitions store row indices into one shared
 embedding table, not vectors, so a data set of many episodes stays small and a batch is
-gathered with one ``index_select``.
+gathered with one ``index_select``. The table may be stored as float16 and memory-mapped from
+a ``.npy`` file (:func:`build_dataset`'s ``embedding_dtype`` and ``mmap_dir``); a batch's states
+are float32 either way.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -21,13 +27,16 @@ from evoharness_agent.encoding.state import (
     decisions,
     gather_states,
     n_slots,
+    request_parts,
     state_dim,
     state_rows,
+    tool_coverage,
 )
 from evoharness_agent.rewards import RewardConfig, shape_rewards
+from evoharness_agent.runtime import atomic_write_with
 from evoharness_agent.schema import FINISH, Episode, ToolSpec, finish_spec
 
-__all__ = ["Batch", "ToolTable", "TransitionDataset", "build_dataset"]
+__all__ = ["EMBEDDINGS_FILE", "Batch", "EmbeddingDtype", "ToolTable", "TransitionDataset", "build_dataset"]
 
 @dataclass
 class ToolTable:
@@ -108,6 +117,8 @@ class TransitionDataset:
         """
         t = self.tensors
         take = lambda name: t[name].index_select(0, index)  # noqa: E731
+        # A float16 table's rows become float32 when gather_states joins them to the float32
+        # features (type promotion): only the B gathered rows are converted, never the table.
         states = gather_states(self.text_embeddings, take("rows"), take("features"))
         next_states = gather_states(self.text_embeddings, take("next_rows"), take("next_features"))
         following = take("following")
@@ -188,6 +199,44 @@ class TransitionDataset:
         return self.batch(picks if subset is None else subset.index_select(0, picks), candidates_only=True)
 
 
+EMBEDDINGS_FILE = "text_embeddings.npy"
+"""The name of a memory-mapped text-embedding table in its ``mmap_dir``."""
+
+EmbeddingDtype = Literal["float32", "float16"]
+
+
+def _tensor(values: array, dtype: torch.dtype) -> torch.Tensor:
+    """Return a typed array's values as a tensor of ``dtype`` (the array's own storage when it matches)."""
+    return torch.from_numpy(np.asarray(values)).to(dtype)
+
+
+def _embedding_table(texts: Sequence[str], encoder: StateEncoder, dim: int, dtype: EmbeddingDtype,
+                     mmap_dir: Path | None, show_progress: bool, processes: int) -> torch.Tensor:
+    """Embed ``texts`` into rows 1.. of a ``(len(texts) + 1, dim)`` table (row 0 is PAD), in memory or on disk."""
+    vectors = encoder.embed(texts, show_progress=show_progress, processes=processes) if texts else None
+    if mmap_dir is None:
+        table = np.zeros((len(texts) + 1, dim), dtype=dtype)
+        if vectors is not None:
+            table[1:] = vectors
+        return torch.from_numpy(table)
+    mmap_dir.mkdir(parents=True, exist_ok=True)
+    path = mmap_dir / EMBEDDINGS_FILE
+
+    def write(tmp: str) -> None:
+        # ``open_memmap`` writes the .npy header and the rows straight into the file (a new file is
+        # zeros: row 0 is PAD already), with no second copy of the table in memory.
+        table = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(len(texts) + 1, dim))
+        if vectors is not None:
+            table[1:] = vectors
+        table.flush()
+        del table  # unmap before the file is fsynced and renamed into place
+
+    atomic_write_with(path, write)
+    # Copy-on-write: pages are read from the file only when touched, and the array is writable,
+    # which torch needs to share it without copying (a read-only one would make it warn).
+    return torch.from_numpy(np.load(path, mmap_mode="c"))
+
+
 def build_dataset(
     episodes: Sequence[Episode],
     encoder: StateEncoder,
@@ -196,13 +245,36 @@ def build_dataset(
     reward_config: RewardConfig | None = None,
     extra_tools: Iterable[ToolSpec] = (),
     show_progress: bool = False,
+    embedding_dtype: EmbeddingDtype = "float32",
+    mmap_dir: Path | None = None,
+    encode_processes: int = 1,
 ) -> TransitionDataset:
-    """Encode episodes into a :class:`TransitionDataset` (one transition per decision)."""
+    """Encode episodes into a :class:`TransitionDataset` (one transition per decision).
+
+    Args:
+        episodes: the logged episodes.
+        encoder: embeds the step texts and tool descriptions.
+        history_window: how many of the latest steps a state embeds.
+        reward_config: reward shaping (default :class:`RewardConfig`).
+        extra_tools: tools to add to the tool table besides the episodes' own.
+        show_progress: draw the encoder's progress bar.
+        embedding_dtype: storage type of the text-embedding table; ``float16`` halves it (its rows
+            become float32 when a batch gathers them).
+        mmap_dir: write the text-embedding table to ``mmap_dir/text_embeddings.npy`` and memory-map
+            it, so the process holds only the pages batches touch.
+        encode_processes: processes that encode the texts not cached yet (see :meth:`StateEncoder.embed`).
+
+    """
     reward_config = reward_config or RewardConfig()
     specs = [s for ep in episodes for s in ep.tools] + list(extra_tools)
     # Logs may call tools their tool list forgot; such a tool is known by its name alone.
     specs += [ToolSpec(name=step.tool) for ep in episodes for step in ep.steps if step.tool]
     tools = ToolTable.from_specs(specs, encoder)
+    tool_vectors = tools.embeddings.numpy()
+    # Every request's parts in one batched encoding: the per-decision lookups below then hit the cache.
+    requests = {ep.task for ep in episodes} | {s.content for ep in episodes for s in ep.steps if s.kind == "user"}
+    encoder.embed(sorted({part for request in requests for part in request_parts(request)}),
+                  show_progress=show_progress, processes=encode_processes)
     text_rows: dict[str, int] = {}
 
     def row(text: str) -> int:
@@ -211,37 +283,37 @@ def build_dataset(
     def tool_text(name: str) -> str:
         return tools.specs[tools.index[name]].text()
 
-    rows, features, actions, rewards, dones, episode_ids = [], [], [], [], [], []
-    pair_counts: list[int] = []
-    pair_tools: list[int] = []
-    pair_values: list[list[float]] = []
+    # Typed arrays, not lists: a million transitions with tens of candidates each are tens of
+    # millions of numbers, 4-8 bytes each here and ~30 as Python objects in lists.
+    rows, pair_tools, actions, episode_ids, pair_counts = (array("q") for _ in range(5))
+    features, rewards, pair_values = array("f"), array("f"), array("f")
+    dones = array("b")
     for episode_id, episode in enumerate(episodes):
         points = decisions(episode, history_window)
         shaped = shape_rewards(episode, reward_config)
         for point, reward in zip(points, shaped, strict=True):
-            rows.append(state_rows(point, tool_text, row, history_window))
-            features.append(point.features)
+            rows.extend(state_rows(point, tool_text, row, history_window))
+            features.extend(point.features)
             actions.append(tools.index[point.action])
             rewards.append(reward)
             candidates = sorted(tools.index[name] for name in point.available if name in tools.index)
-            kept = list(zip(candidates, point.pair_features([tools.specs[i] for i in candidates]), strict=True))
-            pair_counts.append(len(kept))
-            pair_tools += [tool for tool, _ in kept]
-            pair_values += [values for _, values in kept]
+            candidate_specs = [tools.specs[i] for i in candidates]
+            coverage = tool_coverage(point, candidate_specs, tool_vectors[candidates], encoder.embed, tool_text)
+            values = point.pair_features(candidate_specs, coverage=coverage)
+            pair_counts.append(len(candidates))
+            pair_tools.extend(candidates)
+            pair_values.extend(chain.from_iterable(values))
             episode_ids.append(episode_id)
         dones.extend([False] * (len(points) - 1) + [True] * bool(points))
 
     texts = sorted(text_rows, key=text_rows.__getitem__)
-    vectors = encoder.embed(texts, show_progress=show_progress) if texts else np.zeros((0, 1))
-    dim = int(tools.embeddings.shape[1])
-    table = torch.zeros((len(texts) + 1, dim), dtype=torch.float32)
-    if texts:
-        table[1:] = torch.from_numpy(vectors)
+    table = _embedding_table(texts, encoder, int(tools.embeddings.shape[1]), embedding_dtype, mmap_dir,
+                             show_progress, encode_processes)
 
     n = len(actions)
-    row_tensor = torch.tensor(rows, dtype=torch.long).reshape(n, n_slots(history_window))
-    feature_tensor = torch.tensor(features, dtype=torch.float32).reshape(n, N_STATE_FEATURES)
-    done_tensor = torch.tensor(dones, dtype=torch.bool)
+    row_tensor = _tensor(rows, torch.long).reshape(n, n_slots(history_window))
+    feature_tensor = _tensor(features, torch.float32).reshape(n, N_STATE_FEATURES)
+    done_tensor = _tensor(dones, torch.bool)
     # The next state of a transition is the following row; a terminal one points at itself
     # and is ignored through ``dones``.
     following = torch.arange(n) + 1
@@ -249,15 +321,15 @@ def build_dataset(
     tensors = {
         "rows": row_tensor,
         "features": feature_tensor,
-        "actions": torch.tensor(actions, dtype=torch.long),
-        "rewards": torch.tensor(rewards, dtype=torch.float32),
+        "actions": _tensor(actions, torch.long),
+        "rewards": _tensor(rewards, torch.float32),
         "dones": done_tensor.float(),
         "next_rows": row_tensor[following],
         "next_features": feature_tensor[following],
         "following": following,
-        "pair_offsets": torch.tensor([0, *np.cumsum(pair_counts, dtype=np.int64)], dtype=torch.long),
-        "pair_tools": torch.tensor(pair_tools, dtype=torch.long),
-        "pair_values": torch.tensor(pair_values, dtype=torch.float32).reshape(-1, N_PAIR_FEATURES),
-        "episode_ids": torch.tensor(episode_ids, dtype=torch.long),
+        "pair_offsets": torch.cat([torch.zeros(1, dtype=torch.long), _tensor(pair_counts, torch.long).cumsum(0)]),
+        "pair_tools": _tensor(pair_tools, torch.long),
+        "pair_values": _tensor(pair_values, torch.float32).reshape(-1, N_PAIR_FEATURES),
+        "episode_ids": _tensor(episode_ids, torch.long),
     }
     return TransitionDataset(table, tools, tensors, history_window)

@@ -221,11 +221,12 @@ def _call(tool: str, arguments: dict[str, Any], observation: Any, *, error: bool
     return Step(kind="tool_call", tool=tool, arguments=arguments, observation=observation, error=error)
 
 
-def _task(task_id: str, toolset: str, request: str, calls: Sequence[Step], answer: str) -> Episode:
-    """Return a task over ``toolset`` whose gold path is ``calls`` then the reply ``answer``."""
-    return Episode(id=f"zero_shot_{toolset}_{task_id}", task=request, tools=list(ZERO_SHOT_TOOLSETS[toolset]),
+def _task(task_id: str, toolset: str, request: str, calls: Sequence[Step], answer: str, *,
+          toolsets: Mapping[str, tuple[ToolSpec, ...]] = ZERO_SHOT_TOOLSETS, suite: str = "zero_shot") -> Episode:
+    """Return a task of ``suite`` over ``toolsets[toolset]`` whose gold path is ``calls`` then the reply ``answer``."""
+    return Episode(id=f"{suite}_{toolset}_{task_id}", task=request, tools=list(toolsets[toolset]),
                    steps=[*calls, Step(kind="assistant", content=answer)], final_answer=answer, reward=1.0,
-                   metadata={"suite": "zero_shot", "toolset": toolset})
+                   metadata={"suite": suite, "toolset": toolset})
 
 
 _WEATHER_TASKS = [

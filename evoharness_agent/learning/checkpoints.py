@@ -419,6 +419,16 @@ def save_checkpoint(out: Path, step: int, algorithm: Algorithm, generator: torch
 _SAME_RUN_KEYS = ("algorithm", "params", "network", "encoder", "max_seq_length", "history_window",
                   "state_layout", "state_dim", "tool_dim", "known_tools")
 _SAME_RUN_CONFIG = ("data", "rewards", "algorithm", "model")
+# How the data is embedded and held, not what it is: a resume may change these.
+_HOW_NOT_WHAT = {"data": ("encode_processes", "mmap_embeddings")}
+
+
+def _run_section(config: Mapping[str, Any], section: str) -> Any:
+    """Return a config section without the settings that do not change what a run learns."""
+    value = config.get(section)
+    if isinstance(value, Mapping):
+        return {key: item for key, item in value.items() if key not in _HOW_NOT_WHAT.get(section, ())}
+    return value
 
 
 def _differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[str]:
@@ -433,7 +443,7 @@ def _differences(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[st
                 found.append(f"{key} ({saved.get(key)!r} there, {wanted.get(key)!r} now)")
     saved_config, wanted_config = saved.get("config") or {}, wanted.get("config") or {}
     for section in _SAME_RUN_CONFIG:
-        if section in wanted_config and saved_config.get(section) != wanted_config[section]:
+        if section in wanted_config and _run_section(saved_config, section) != _run_section(wanted_config, section):
             found.append(f"the config's {section} section")
     return found
 

@@ -23,7 +23,7 @@ Example (every key optional; command-line flags override the file)::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -63,6 +63,15 @@ class DataSection(_Section):
     composed_share: float = Field(default=0.0, ge=0.0, le=1.0)
     """Share of the one-call episodes joined in pairs into two-part requests, added to the logs
     (see :func:`~evoharness_agent.learning.augment.compose_requests`)."""
+    embedding_dtype: Literal["float32", "float16"] = "float32"
+    """Storage type of the training set's text-embedding table: ``float16`` halves it (batches still
+    train in float32; embeddings differ from float32's by under 1e-3)."""
+    mmap_embeddings: bool = False
+    """Keep the text-embedding table in ``OUT/dataset/text_embeddings.npy``, memory-mapped, instead of
+    in memory: the process then holds only the pages batches touch."""
+    encode_processes: int = Field(default=1, ge=1)
+    """Processes that embed the texts not in the embedding cache (sentence-transformers' multi-process
+    pool, on the encoder's device)."""
 
 
 class AlgorithmSection(_Section):

@@ -32,13 +32,14 @@ from evoharness_agent.encoding.state import (
     PREVIOUS_TOOL_SLOT,
     PROVIDES_MISSING,
     REQUEST_SLOT,
+    SERVES_OPEN_PART,
 )
 
 __all__ = ["NetworkConfig", "StateValue", "ToolScorer", "masked_log_softmax", "masked_scores"]
 
 SCALAR_GAIN = 10.0  # Adam moves every parameter ~lr per step; the few scalar score offsets
 # (per-tool bias, pair weights) are multiplied by this so they learn as fast as the towers.
-N_CONTEXT_FEATURES = 6  # see ToolScorer.context_features
+N_CONTEXT_FEATURES = 8  # see ToolScorer.context_features
 DENSE_TABLE_FACTOR = 4  # candidates are scored through the whole table while it has at most 4x as many tools
 NEG_INF = -1e9  # finite on purpose: bf16 and softmax stay NaN-free when a row is all masked
 
@@ -172,18 +173,20 @@ class ToolScorer(nn.Module):
         return scores + bias, similarity
 
     def context_features(self, similarity: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
-        """Return ``(B, N, 6)`` features that compare each tool with the others available.
+        """Return ``(B, N, 8)`` features that compare each tool with the others available.
 
         ``similarity`` is each tool's cosine similarity with the request, ``(B, N)``.
 
         A tool's request similarity means little alone: unseen domains shift every score.
         What carries over is how it compares. For a real tool: its similarity minus the best
-        similarity among the available tools not yet called in this turn ("open" tools). For
-        FINISH, whether the work the request asks for looks done: the best open similarity,
-        how much better the best tool already called in this turn matched than the best open
-        one, how much of an open tool's name the request names, whether nothing was called yet
-        in this turn, and whether an open tool would give an identifier another one still needs.
-        The last four are zero for real tools; the first is zero for FINISH.
+        similarity among the available tools not yet called in this turn ("open" tools), and its
+        ``serves_open_part`` minus the best open tool's. For FINISH, whether the work the request
+        asks for looks done: the best open similarity, how much better the best tool already
+        called in this turn matched than the best open one, how much of an open tool's name the
+        request names, whether nothing was called yet in this turn, whether an open tool would
+        give an identifier another one still needs, and how well the best open tool serves a
+        part of the request that no called tool serves. The last six are zero for real tools;
+        the first two are zero for FINISH.
         """
         finish = pairs[..., IS_FINISH].float()
         real = pairs[..., AVAILABLE].float() * (1.0 - finish)
@@ -196,9 +199,12 @@ class ToolScorer(nn.Module):
         done_gap = (best_called.clamp(min=0.0) - best) * anything_called
         named = (pairs[..., NAMED_IN_REQUEST].float() * open_tools).amax(dim=1)
         prerequisite = (pairs[..., PROVIDES_MISSING].float() * open_tools).amax(dim=1)
-        relative = (similarity - best[:, None]) * open_tools
-        per_state = torch.stack([best, done_gap, named, 1.0 - anything_called, prerequisite], dim=1)
-        return torch.cat([relative[..., None], per_state[:, None, :] * finish[..., None]], dim=-1)
+        serves = pairs[..., SERVES_OPEN_PART].float()
+        best_serves = torch.where(open_tools > 0, serves, floor).max(dim=1).values.clamp(min=0.0)
+        relative = torch.stack([(similarity - best[:, None]) * open_tools,
+                                (serves - best_serves[:, None]) * open_tools], dim=-1)
+        per_state = torch.stack([best, done_gap, named, 1.0 - anything_called, prerequisite, best_serves], dim=1)
+        return torch.cat([relative, per_state[:, None, :] * finish[..., None]], dim=-1)
 
 
 class StateValue(nn.Module):

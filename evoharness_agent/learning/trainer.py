@@ -44,7 +44,11 @@ from evoharness_agent.logs.importers import load_episodes
 from evoharness_agent.runtime import atomic_write_bytes, pick_device
 from evoharness_agent.schema import FINISH, Episode
 
-__all__ = ["TrainResult", "set_threads", "split_episodes", "task_group", "train", "train_on_episodes"]
+__all__ = ["DATASET_DIR", "TrainResult", "set_threads", "split_episodes", "task_group", "train",
+           "train_on_episodes"]
+
+DATASET_DIR = "dataset"
+"""The folder of a run's output directory that holds its memory-mapped embedding table (``data.mmap_embeddings``)."""
 
 def set_threads(threads: int | None) -> None:
     """Use ``threads`` CPU threads (default: 1 on machines with ≤ 2 cores, else up to 8)."""
@@ -161,7 +165,10 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     if not context.is_main:
         context.barrier()  # rank 0 encodes first; the others then read its vectors from the cache
     dataset = build_dataset(episodes, encoder, history_window=config.model.history_window,
-                            reward_config=rewards, show_progress=show_progress)
+                            reward_config=rewards, show_progress=show_progress,
+                            embedding_dtype=config.data.embedding_dtype,
+                            mmap_dir=out / DATASET_DIR if config.data.mmap_embeddings else None,
+                            encode_processes=config.data.encode_processes)
     if context.is_main:
         context.barrier()
     if len(dataset) == 0:

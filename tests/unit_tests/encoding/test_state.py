@@ -62,13 +62,14 @@ def test_training_and_serving_build_identical_states(trained: tuple[ToolPolicy, 
     prefixes = [i for i, step in enumerate(episode.steps) if step.is_decision]
     assert len(dataset) == len(prefixes)
     batch = dataset.batch(torch.arange(len(dataset)))
-    served, served_pairs = policy._state_inputs([(episode.task, episode.steps[:i]) for i in prefixes], TOOLS)
+    vectors = encoder.embed([spec.text() for spec in TOOLS])
+    served, served_pairs = policy._state_inputs([(episode.task, episode.steps[:i]) for i in prefixes], TOOLS, vectors)
     assert served.shape == batch.states.shape == (len(prefixes), state_dim(encoder.dim, WINDOW))
     torch.testing.assert_close(served, batch.states, rtol=0, atol=0)
     # Pair features are per tool: compare them by name, the two paths order tools differently.
     rows = [dataset.tools.index[spec.name] for spec in TOOLS]
     assert batch.pairs is not None
-    torch.testing.assert_close(served_pairs, batch.pairs[:, rows, :], rtol=0, atol=0)
+    torch.testing.assert_close(served_pairs, batch.pairs[:, rows, :], rtol=0, atol=1e-7)
 
 
 def test_slots_hold_the_texts_the_layout_names(encoder: StateEncoder) -> None:

@@ -10,8 +10,11 @@ from evoharness_agent.encoding.state import (
     N_STATE_FEATURES,
     PAIR_FEATURES,
     decisions,
+    part_coverage,
+    request_parts,
     state_parts,
     step_text,
+    tool_coverage,
 )
 from evoharness_agent.encoding.transitions import Batch, ToolTable, TransitionDataset, build_dataset
 from evoharness_agent.rewards import RewardConfig, shape_rewards
@@ -114,6 +117,41 @@ def test_pair_features_see_named_tools_and_missing_identifiers() -> None:
     found = Step(tool="find_customer", arguments={"email": "ann@example.com"}, observation='{"customer_id": "C7"}')
     after = state_parts(start.task, [found], 2).pair_features([lookup, orders])
     assert after[1][missing] == 0.0  # the lookup's result gave it
+
+
+def test_request_parts_split_the_pieces_of_work_a_request_asks_for() -> None:
+    assert request_parts("What is the weather in Paris right now, in Fahrenheit?") == [
+        "What is the weather in Paris right now", "in Fahrenheit?"]
+    assert request_parts("Refund it in full and note it on her timeline. Thanks") == [
+        "Refund it in full", "note it on her timeline.", "Thanks"]
+    assert request_parts("Convert 451 F, then email ray@example.org") == ["Convert 451 F", "email ray@example.org"]
+    assert request_parts("ok") == ["ok"]  # nothing left after dropping tiny pieces: the request itself
+
+
+def test_part_coverage_is_what_a_tool_adds_over_the_tools_called_in_this_turn() -> None:
+    parts = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])  # two parts of the request
+    tools = np.array([[0.9, 0.1, 0.0], [0.1, 0.8, 0.0], [0.0, 0.0, 1.0]])
+    nothing = part_coverage(parts, tools, np.array([False, False, False]))
+    assert nothing.tolist() == pytest.approx([0.9, 0.8, 0.0])  # before any call: the best part similarity
+    after_first = part_coverage(parts, tools, np.array([True, False, False]))
+    # part 1 is served (0.9), part 2 only at 0.1: the second tool still adds 0.7, the first nothing
+    assert after_first.tolist() == pytest.approx([0.0, 0.7, -0.1])
+
+
+def test_tool_coverage_sees_an_unserved_part_after_the_first_call(encoder: StateEncoder) -> None:
+    weather = ToolSpec(name="get_weather", description="Get the current weather in a city, in Celsius.")
+    convert = ToolSpec(name="convert_temperature", description="Convert a temperature between Celsius and Fahrenheit.")
+    email = ToolSpec(name="send_email", description="Send an email to an address.")
+    tools = [weather, convert, email]
+    called = Step(kind="tool_call", tool="get_weather", arguments={"city": "Paris"}, observation="14 C, rain")
+    parts = state_parts("What is the weather in Paris right now, in Fahrenheit?", [called], 2)
+    vectors = encoder.embed([tool.text() for tool in tools])
+    coverage = tool_coverage(parts, tools, vectors, encoder.embed, lambda name: name)
+    assert coverage[0] <= 0.0 < coverage[1]  # the called tool adds nothing; the conversion serves "in Fahrenheit"
+    assert coverage[1] > coverage[2]
+    # A call of a tool not offered now still covers its part.
+    alone = tool_coverage(parts, [convert, email], vectors[1:], encoder.embed, lambda name: weather.text())
+    assert alone == pytest.approx(coverage[1:], abs=1e-6)
 
 
 def test_pair_features_see_the_prerequisite_of_a_missing_identifier() -> None:

@@ -20,6 +20,7 @@ from evoharness_agent.evaluation.zero_shot import (
     print_zero_shot,
     random_expectation,
 )
+from evoharness_agent.evaluation.zero_shot_validation import VALIDATION_TASKS, VALIDATION_TOOLSETS
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
 
@@ -85,19 +86,25 @@ def test_the_paris_fahrenheit_case() -> None:
     assert [step.action for step in task.steps] == ["get_weather", "convert_temperature", FINISH]
 
 
-def test_arguments_satisfy_the_schemas() -> None:
-    for task in ZERO_SHOT_TASKS:
+SUITES = [(ZERO_SHOT_TASKS, ZERO_SHOT_TOOLSETS), (VALIDATION_TASKS, VALIDATION_TOOLSETS)]
+"""The reported suite and the validation suite (for choosing settings): both are checked alike."""
+
+
+@pytest.mark.parametrize(("tasks", "toolsets"), SUITES, ids=["reported", "validation"])
+def test_arguments_satisfy_the_schemas(tasks: list[Episode], toolsets: dict[str, tuple[ToolSpec, ...]]) -> None:
+    for task in tasks:
         specs = {tool.name: tool for tool in task.tools}
         for step in calls(task):
             schema = specs[str(step.tool)].parameters
             assert set(schema.get("required", [])) <= set(step.arguments), (task.id, step.tool)
             assert set(step.arguments) <= set(schema.get("properties", {})), (task.id, step.tool)
-    assert sum(bool(tool.parameters.get("required")) for tools in ZERO_SHOT_TOOLSETS.values() for tool in tools) >= 25
+    assert sum(bool(tool.parameters.get("required")) for tools in toolsets.values() for tool in tools) >= 25
 
 
-def test_arguments_validate_against_the_full_json_schemas() -> None:
+@pytest.mark.parametrize("tasks", [tasks for tasks, _ in SUITES], ids=["reported", "validation"])
+def test_arguments_validate_against_the_full_json_schemas(tasks: list[Episode]) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    for task in ZERO_SHOT_TASKS:
+    for task in tasks:
         specs = {tool.name: tool for tool in task.tools}
         for step in calls(task):
             schema = specs[str(step.tool)].parameters

@@ -232,6 +232,15 @@ def test_resume_with_other_data_paths_is_refused(tmp_path: Path) -> None:
                         _meta("iql", config={"data": {"paths": ["other.jsonl"]}}))
 
 
+def test_resume_may_change_how_the_data_is_embedded_and_held(tmp_path: Path) -> None:
+    _two_checkpoints(tmp_path)
+    how = {"data": {"paths": ["logs.jsonl"], "encode_processes": 4, "mmap_embeddings": True}}
+    assert load_checkpoint(tmp_path, _algorithm("iql"), torch.Generator(), _meta("iql", config=how)) == 20
+    with pytest.raises(CheckpointError, match="config's data section"):  # what it is still counts
+        load_checkpoint(tmp_path, _algorithm("iql"), torch.Generator(),
+                        _meta("iql", config={"data": {**how["data"], "embedding_dtype": "float16"}}))
+
+
 def test_train_resume_with_another_algorithm_is_a_clear_error(tmp_path: Path, encoder: StateEncoder) -> None:
     config = {"training": {"steps": 4, "batch_size": 8, "device": "cpu", "threads": 1, "checkpoint_every": 2,
                            "eval_every": 4}, "model": {"hidden": 4, "history_window": 1},

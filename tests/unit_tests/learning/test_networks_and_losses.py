@@ -302,13 +302,15 @@ def test_context_features_compare_open_tools_and_say_whether_the_work_looks_done
     pairs[0, 1, column("called_in_turn")] = 1.0  # the best-matching tool was called in this turn
     pairs[0, 2, column("named_in_request")] = 0.5
     pairs[0, 0, column("provides_missing")] = 1.0
+    pairs[0, :3, column("serves_open_part")] = torch.tensor([0.1, -0.3, 0.4])
     context = scorer.context_features(request[None] @ tools.T, pairs)[0]
-    # real tools: similarity minus the best open one (0.6); the called tool is not open
+    # real tools: similarity and part coverage minus the best open tool's (0.6, 0.4); the called tool is not open
     assert context[:3, 0].tolist() == pytest.approx([0.0, 0.0, -0.6])
-    assert context[:3, 1:].abs().sum() == 0.0
+    assert context[:3, 1].tolist() == pytest.approx([-0.3, 0.0, 0.0])
+    assert context[:3, 2:].abs().sum() == 0.0
     # FINISH: best open 0.6, the called tool matched 0.2 better, half a name named, something was
-    # called, and an open tool would give a missing identifier
-    assert context[3].tolist() == pytest.approx([0.0, 0.6, 0.2, 0.5, 0.0, 1.0])
+    # called, an open tool would give a missing identifier, and one serves an unserved part by 0.4
+    assert context[3].tolist() == pytest.approx([0.0, 0.0, 0.6, 0.2, 0.5, 0.0, 1.0, 0.4])
 
 
 def test_per_state_candidates_score_like_the_shared_tool_table() -> None:

@@ -1,0 +1,178 @@
+"""The GPU check: training transitions/s with the data set resident on the device, and encoder texts/s.
+
+Run (on a machine with a GPU): ``python benchmarks/gpu.py [--json OUT]``; ``--device cpu --transitions
+20000 --batch-sizes 256 --texts 64`` runs the same code on a CPU, as a smoke test.
+
+1. Training. A synthetic data set shaped like the real ones (the default's state layout: request,
+   previous tool, task and 4 history slots of 384-d embeddings, plus features; each state has
+   ``--candidates`` tools available, FINISH among them, out of a ``--tools``-tool table, with the
+   sparse pair features ``build_dataset`` writes) is built once and moved whole to the device: the
+   text-embedding table in bf16 (``--table-dtype``), every index tensor beside it. Each update
+   then draws its batch on the device (``TransitionDataset.sample``) and takes one CQL step under
+   the trainer's bf16 autocast (``training_autocast``), exactly as ``train`` runs. Figures:
+   transitions/s = batch x updates / seconds (after a warm-up; the device synchronised before each
+   clock read), for the default's scorer (hidden 16) and a wide one (hidden 256).
+2. Encoder. ``StateEncoder`` (all-MiniLM-L6-v2, the package's default) on the device embeds
+   ``--texts`` distinct step-like texts (no cache): texts/s, at ``--encode-batch``.
+
+The figures are printed (and written with ``--json``) for the README; nothing is asserted.
+The issue's target: >= 5M training transitions/s on an H200-class GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from typing import Any
+
+import torch
+
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.encoding.state import AVAILABLE, IS_FINISH, N_PAIR_FEATURES, N_STATE_FEATURES, n_slots
+from evoharness_agent.encoding.transitions import ToolTable, TransitionDataset
+from evoharness_agent.learning.algorithms import Dims, ToolInputs, make_algorithm
+from evoharness_agent.learning.networks import NetworkConfig
+from evoharness_agent.learning.precision import training_autocast
+from evoharness_agent.runtime import pick_device
+from evoharness_agent.schema import ToolSpec, finish_spec
+
+EMBEDDING_DIM = 384
+HISTORY_WINDOW = 4
+
+
+def unit_rows(n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` random unit vectors (sentence embeddings are normalised)."""
+    vectors = torch.randn(n, EMBEDDING_DIM, generator=generator)
+    return vectors / vectors.norm(dim=1, keepdim=True)
+
+
+def synthetic_dataset(n: int, n_texts: int, n_tools: int, candidates: int, seed: int) -> TransitionDataset:
+    """Build ``n`` transitions in the real layout, over ``n_texts`` texts and ``n_tools`` tools (CPU)."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.cat([torch.zeros(1, EMBEDDING_DIM), unit_rows(n_texts, g)])
+    specs = [finish_spec()] + [ToolSpec(name=f"tool_{i}") for i in range(1, n_tools)]
+    tools = ToolTable(specs, unit_rows(n_tools, g), {spec.name: i for i, spec in enumerate(specs)})
+    rows = torch.randint(1, n_texts + 1, (n, n_slots(HISTORY_WINDOW)), generator=g)
+    features = torch.rand(n, N_STATE_FEATURES, generator=g)
+    dones = torch.rand(n, generator=g) < 0.2  # episodes of about five decisions
+    dones[-1] = True
+    following = torch.arange(n) + 1
+    following[dones] = torch.arange(n)[dones]
+    # Each state's candidates: FINISH (row 0) and candidates - 1 distinct other tools, sorted as
+    # build_dataset stores them; the logged action is one of them.
+    others = torch.rand(n, n_tools - 1, generator=g).argsort(dim=1)[:, : candidates - 1] + 1
+    pair_tools = torch.cat([torch.zeros(n, 1, dtype=torch.long), others.sort(dim=1).values], dim=1)
+    actions = pair_tools.gather(1, torch.randint(candidates, (n, 1), generator=g)).squeeze(1)
+    pair_values = (torch.rand(n, candidates, N_PAIR_FEATURES, generator=g) < 0.1).float()
+    pair_values[:, :, AVAILABLE] = 1.0
+    pair_values[:, :, IS_FINISH] = 0.0
+    pair_values[:, 0, IS_FINISH] = 1.0
+    tensors = {
+        "rows": rows, "features": features, "actions": actions, "rewards": torch.randn(n, generator=g),
+        "dones": dones.float(), "next_rows": rows[following], "next_features": features[following],
+        "following": following, "pair_offsets": torch.arange(n + 1) * candidates,
+        "pair_tools": pair_tools.reshape(-1), "pair_values": pair_values.reshape(-1, N_PAIR_FEATURES),
+        "episode_ids": torch.cumsum(dones.long(), 0) - dones.long(),
+    }
+    return TransitionDataset(table, tools, tensors, history_window=HISTORY_WINDOW)
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work, so a clock read covers it."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def training_rate(dataset: TransitionDataset, device: str, hidden: int, batch_size: int, updates: int,
+                  warmup: int, seed: int) -> float:
+    """Transitions/s of CQL sample + update steps with ``dataset`` resident on ``device``."""
+    torch.manual_seed(seed)
+    n_tools = len(dataset.tools.specs)
+    dims = Dims(dataset.state_dim, EMBEDDING_DIM, n_tools)
+    tools = ToolInputs(dataset.tools.embeddings, torch.arange(n_tools, device=device))
+    network = NetworkConfig(hidden=hidden, tool_bias=False)
+    algorithm = make_algorithm("cql", {}, dims, network, tools).to(device)
+    algorithm.set_training(True)
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def steps(count: int) -> None:
+        for _ in range(count):
+            with training_autocast(device, True):
+                algorithm.update(dataset.sample(batch_size, generator))
+
+    steps(warmup)
+    synchronize(device)
+    start = time.perf_counter()
+    steps(updates)
+    synchronize(device)
+    return batch_size * updates / (time.perf_counter() - start)
+
+
+def encoder_rate(device: str, n_texts: int, batch_size: int) -> float:
+    """Texts/s of the default sentence-transformer embedding ``n_texts`` distinct step texts on ``device``."""
+    encoder = StateEncoder(device=device, cache_dir=False, batch_size=batch_size)
+    texts = [f'called search_orders({{"customer_id": "C{i:06d}", "status": "open"}}) -> ok: '
+             f"order O{i:07d}, 2 items (wireless earbuds, USB-C charger), shipped {i % 28 + 1} Nov"
+             for i in range(n_texts)]
+    encoder.embed(texts[:batch_size])  # load the model and warm the kernels
+    synchronize(device)
+    start = time.perf_counter()
+    encoder.embed(texts[batch_size:])
+    synchronize(device)
+    return (n_texts - batch_size) / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Measure and print the figures; with ``--json``, write them."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--transitions", type=int, default=2_000_000)
+    parser.add_argument("--unique-texts", type=int, default=500_000)
+    parser.add_argument("--tools", type=int, default=4096)
+    parser.add_argument("--candidates", type=int, default=24)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[4096, 32768, 131072])
+    parser.add_argument("--hidden", type=int, nargs="+", default=[16, 256])
+    parser.add_argument("--updates", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--table-dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--texts", type=int, default=20_000, help="texts the encoder embeds")
+    parser.add_argument("--encode-batch", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    device = pick_device(args.device)
+
+    build = time.perf_counter()
+    dataset = synthetic_dataset(args.transitions, args.unique_texts, args.tools, args.candidates, args.seed)
+    dataset = dataset.to(device)
+    dataset.text_embeddings = dataset.text_embeddings.to(getattr(torch, args.table_dtype))
+    build = time.perf_counter() - build
+    resident = sum(t.numel() * t.element_size() for t in [dataset.text_embeddings, *dataset.tensors.values()])
+    training: list[dict[str, Any]] = []
+    for hidden in args.hidden:
+        for batch_size in args.batch_sizes:
+            rate = training_rate(dataset, device, hidden, batch_size, args.updates, args.warmup, args.seed)
+            training.append({"hidden": hidden, "batch_size": batch_size, "transitions_per_s": rate})
+            print(f"train  hidden {hidden:>4}  batch {batch_size:>7}: {rate:>14,.0f} transitions/s")
+    texts_per_s = encoder_rate(device, args.texts, args.encode_batch)
+    print(f"encode all-MiniLM-L6-v2, batch {args.encode_batch}: {texts_per_s:,.0f} texts/s")
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
+    peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
+    report = {
+        "device": device, "device_name": name, "torch": torch.__version__, "transitions": args.transitions,
+        "unique_texts": args.unique_texts, "tools": args.tools, "candidates": args.candidates,
+        "table_dtype": args.table_dtype, "resident_bytes": resident, "build_seconds": build,
+        "peak_device_bytes": peak, "updates": args.updates, "training": training,
+        "encoder": {"texts": args.texts, "batch_size": args.encode_batch, "texts_per_s": texts_per_s},
+    }
+    print(f"{name}: data set resident on {device}, {resident / 2**30:.2f} GiB ({args.table_dtype} embeddings)"
+          + (f", peak {peak / 2**30:.2f} GiB allocated" if peak else ""))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()
