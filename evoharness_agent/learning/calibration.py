@@ -28,7 +28,9 @@ import torch
 
 from evoharness_agent.encoding.transitions import TransitionDataset
 from evoharness_agent.learning.algorithms import Algorithm
+from evoharness_agent.learning.algorithms.base import score_decisions
 from evoharness_agent.learning.networks import masked_scores
+from evoharness_agent.schema import FINISH
 
 __all__ = [
     "CalibrationReport",
@@ -189,9 +191,8 @@ def fit_calibration(algorithm: Algorithm, dataset: TransitionDataset, index: tor
                 "coverage_at_95": None,
                 "note": "no validation episodes (val_fraction 0): not calibrated, probabilities are softmax(scores)"}
     algorithm.set_training(False)
-    batch = dataset.batch(index.to(dataset.tensors["actions"].device))
-    scores = algorithm.scores(batch.states, batch.pairs).float().cpu()
-    mask, actions = batch.masks.cpu(), batch.actions.cpu()
+    decided = score_decisions(algorithm, dataset, index, dataset.tools.index[FINISH])
+    scores, mask, actions = decided.scores, decided.masks, decided.actions
     temperature = fit_temperature(scores, actions, mask)
 
     def top_choices(t: float) -> tuple[list[float], list[bool]]:

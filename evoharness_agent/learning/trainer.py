@@ -26,6 +26,7 @@ from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.state import STATE_LAYOUT_VERSION
 from evoharness_agent.encoding.transitions import TransitionDataset, build_dataset
 from evoharness_agent.learning.algorithms import Algorithm, Dims, ToolInputs, make_algorithm
+from evoharness_agent.learning.algorithms.base import score_decisions
 from evoharness_agent.learning.augment import compose_requests, thin_answer_only, with_distractors
 from evoharness_agent.learning.calibration import fit_calibration
 from evoharness_agent.learning.checkpoints import (
@@ -37,7 +38,6 @@ from evoharness_agent.learning.checkpoints import (
 )
 from evoharness_agent.learning.config import TrainConfig
 from evoharness_agent.learning.distributed import Context, launch, start
-from evoharness_agent.learning.networks import masked_scores
 from evoharness_agent.learning.precision import training_autocast
 from evoharness_agent.logs.bundled import training_set
 from evoharness_agent.logs.importers import load_episodes
@@ -106,17 +106,16 @@ def next_tool_accuracy(algorithm: Algorithm, dataset: TransitionDataset, index: 
     """Top-1 next-tool accuracy (among tools) and FINISH accuracy on transitions ``index``."""
     if index.numel() == 0:
         return {}
-    batch = dataset.batch(index.to(dataset.tensors["actions"].device))
-    scores = masked_scores(algorithm.scores(batch.states, batch.pairs), batch.masks)
-    finish = dataset.tools.index[FINISH]
-    is_tool = batch.actions != finish
+    decided = score_decisions(algorithm, dataset, index, dataset.tools.index[FINISH])
+    scores, actions = decided.scores, decided.actions
+    rows = torch.arange(len(actions))
+    is_tool = ~decided.is_finish[rows, actions]
     # Ties count against the gold tool, as in evaluate (evaluation.offline.pessimistic_rank):
     # a hit needs the gold tool to score above every other available tool.
-    gold = scores.gather(1, batch.actions[:, None]).squeeze(1)
-    others = scores.scatter(1, batch.actions[:, None], -float("inf"))
-    others[:, finish] = -float("inf")
+    gold = scores[rows, actions]
+    others = scores.scatter(1, actions[:, None], -float("inf")).masked_fill(decided.is_finish, -float("inf"))
     top1 = (gold > others.max(1).values)[is_tool].float().mean()
-    finish_acc = ((scores.argmax(1) == finish) == ~is_tool).float().mean()
+    finish_acc = (decided.is_finish[rows, scores.argmax(1)] == ~is_tool).float().mean()
     return {"val/top1": float(top1), "val/finish_acc": float(finish_acc)}
 
 

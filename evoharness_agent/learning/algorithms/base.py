@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from evoharness_agent.encoding.transitions import Batch
-from evoharness_agent.learning.networks import NetworkConfig, StateValue, ToolScorer, masked_scores
+from evoharness_agent.encoding.transitions import Batch, TransitionDataset
+from evoharness_agent.learning.networks import NEG_INF, NetworkConfig, StateValue, ToolScorer, masked_scores
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11+
@@ -22,7 +22,9 @@ __all__ = [
     "adam",
     "double_dqn_target",
     "greedy",
+    "ScoredDecisions",
     "polyak",
+    "score_decisions",
     "td_target",
 ]
 
@@ -107,8 +109,9 @@ class Algorithm(Protocol):
         """Take one gradient step on ``batch``; return scalar logs."""
         ...
 
-    def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
-        """Return the ``(B, N)`` scores the algorithm acts on (higher is better)."""
+    def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None,
+               candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """Return the ``(B, N)`` scores the algorithm acts on (higher is better); ``(B, K)`` for ``candidates``."""
         ...
 
     def set_training(self, training: bool) -> None:
@@ -206,3 +209,41 @@ class AlgorithmBase:
             module.load_state_dict(state[name])
         if self.optimizer is not None and "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
+
+
+@dataclass
+class ScoredDecisions:
+    """The acting scores of logged decisions over each one's available tools (:func:`score_decisions`)."""
+
+    scores: torch.Tensor
+    """``(n, K)`` scores, unavailable columns set to a large negative number."""
+    masks: torch.Tensor
+    """``(n, K)`` which columns are available tools."""
+    actions: torch.Tensor
+    """``(n,)`` the column of the logged action."""
+    is_finish: torch.Tensor
+    """``(n, K)`` which column is FINISH."""
+
+
+@torch.no_grad()
+def score_decisions(algorithm: Algorithm, dataset: TransitionDataset, index: torch.Tensor, finish_row: int,
+                    chunk_size: int = 4096) -> ScoredDecisions:
+    """Score the transitions at ``index`` as the algorithm acts, each over its own candidates, ``chunk_size`` at a time.
+
+    Only the tools available at a decision are scored (tens, where the table has thousands), and
+    the states are gathered a chunk at a time, so validating a large split needs no
+    decisions x tools tensors. Results are on the CPU.
+    """
+    device = dataset.tensors["actions"].device
+    parts: list[tuple[torch.Tensor, ...]] = []
+    for start in range(0, index.numel(), chunk_size):
+        batch = dataset.batch(index[start : start + chunk_size].to(device), candidates_only=True)
+        assert batch.candidates is not None  # candidates_only batches always carry them
+        scores = masked_scores(algorithm.scores(batch.states, batch.pairs, batch.candidates).float(), batch.masks)
+        parts.append((scores.cpu(), batch.masks.cpu(), batch.actions.cpu(), (batch.candidates == finish_row).cpu()))
+    width = max(part[0].shape[1] for part in parts)
+    # Chunks differ in their widest candidate list: pad the narrower ones with masked columns.
+    padded = [(nn.functional.pad(s, (0, width - s.shape[1]), value=NEG_INF),
+               nn.functional.pad(m, (0, width - m.shape[1])), a, nn.functional.pad(f, (0, width - f.shape[1])))
+              for s, m, a, f in parts]
+    return ScoredDecisions(*(torch.cat(column) for column in zip(*padded, strict=True)))

@@ -49,6 +49,7 @@ class BC(AlgorithmBase):
         self.step(loss)
         return {"loss/bc": loss.detach()}
 
-    def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
+    def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None,
+               candidates: torch.Tensor | None = None) -> torch.Tensor:
         """Policy logits."""
-        return self.score("policy", states, pairs)
+        return self.score("policy", states, pairs, candidates)

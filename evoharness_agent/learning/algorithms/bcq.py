@@ -83,9 +83,10 @@ class BCQ(AlgorithmBase):
         return {"loss/td": loss_td.detach(), "loss/imitation": loss_imitation.detach(),
                 "q/mean": q_taken.detach().mean()}
 
-    def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
+    def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None,
+               candidates: torch.Tensor | None = None) -> torch.Tensor:
         """Q-values, with tools outside the imitation support ranked below all others."""
-        q = self.score("q", states, pairs)
+        q = self.score("q", states, pairs, candidates)
         full = torch.ones_like(q, dtype=torch.bool)
-        allowed = allowed_actions(self.score("imitation", states, pairs), full, self.config.threshold)
+        allowed = allowed_actions(self.score("imitation", states, pairs, candidates), full, self.config.threshold)
         return torch.where(allowed, q, q + NEG_INF / 1e3)

@@ -81,6 +81,7 @@ class CQL(AlgorithmBase):
         polyak(self.modules["q_target"], self.modules["q"], cfg.tau)
         return {"loss/td": loss_td.detach(), "loss/cql": penalty.detach(), "q/mean": q_taken.detach().mean()}
 
-    def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
+    def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None,
+               candidates: torch.Tensor | None = None) -> torch.Tensor:
         """Q-values."""
-        return self.score("q", states, pairs)
+        return self.score("q", states, pairs, candidates)

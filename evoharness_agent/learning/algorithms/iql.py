@@ -106,6 +106,7 @@ class IQL(AlgorithmBase):
         return {"loss/value": loss_value.detach(), "loss/q": loss_q.detach(),
                 "loss/policy": loss_policy.detach(), "adv/mean": (q_target - value.detach()).mean()}
 
-    def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None) -> torch.Tensor:
+    def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None,
+               candidates: torch.Tensor | None = None) -> torch.Tensor:
         """Policy logits."""
-        return self.score("policy", states, pairs)
+        return self.score("policy", states, pairs, candidates)

@@ -10,8 +10,11 @@ import torch
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.transitions import build_dataset
 from evoharness_agent.learning.algorithms import ALGORITHMS, Dims, ToolInputs, make_algorithm
-from evoharness_agent.learning.networks import DENSE_TABLE_FACTOR, NetworkConfig
-from evoharness_agent.schema import Episode, Step, ToolSpec
+from evoharness_agent.learning.algorithms.base import score_decisions
+from evoharness_agent.learning.calibration import fit_calibration
+from evoharness_agent.learning.networks import DENSE_TABLE_FACTOR, NetworkConfig, masked_scores
+from evoharness_agent.learning.trainer import next_tool_accuracy
+from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
 
 TOOLS = [ToolSpec(name=f"tool_{i}", description=f"Does thing number {i} for the user.") for i in range(30)]
 
@@ -47,3 +50,39 @@ def test_candidate_batches_give_the_same_update_as_the_whole_tool_table(name: st
         for a, b in zip(module.parameters(), own.modules[key].parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=0.0, atol=2 * 3 * 3e-4 + 1e-5)
 
+
+
+@pytest.mark.parametrize("name", ["bc", "cql", "iql"])
+def test_validation_scores_each_decision_over_its_candidates_like_the_whole_table(name: str,
+                                                                                  encoder: StateEncoder) -> None:
+    data = build_dataset([episode(i) for i in range(10)], encoder, history_window=2)
+    dims = Dims(data.state_dim, int(data.tools.embeddings.shape[1]), len(data.tools.specs))
+    algorithm = make_algorithm(name, {}, dims, NetworkConfig(hidden=8, dropout=0.0),
+                               ToolInputs(data.tools.embeddings, torch.arange(len(data.tools.specs))))
+    for _ in range(5):  # away from the initial scores, so the figures are not trivially equal
+        algorithm.update(data.sample(16, torch.Generator().manual_seed(1)))
+    algorithm.set_training(False)
+    index = torch.arange(len(data))
+    finish = data.tools.index[FINISH]
+    decided = score_decisions(algorithm, data, index, finish, chunk_size=7)  # chunks of other widths
+    dense = data.batch(index)
+    whole = masked_scores(algorithm.scores(dense.states, dense.pairs), dense.masks)
+    compact = data.batch(index, candidates_only=True)
+    assert compact.candidates is not None
+    rows = torch.arange(len(index))
+    # Every available tool gets the score it gets in the whole table, and the logged action is found.
+    width = compact.candidates.shape[1]
+    expected = whole.gather(1, compact.candidates)[compact.masks]
+    torch.testing.assert_close(decided.scores[:, :width][compact.masks], expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(compact.candidates[rows, decided.actions], dense.actions)
+    assert torch.equal(decided.is_finish[rows, decided.actions], dense.actions == finish)
+    assert not decided.masks[:, width:].any()
+    # The trainer's validation figures match the same figures computed on the whole table.
+    figures = next_tool_accuracy(algorithm, data, index)
+    is_tool = dense.actions != finish
+    others = whole.scatter(1, dense.actions[:, None], -float("inf"))
+    others[:, finish] = -float("inf")
+    top1 = (whole.gather(1, dense.actions[:, None]).squeeze(1) > others.max(1).values)[is_tool].float().mean()
+    assert figures["val/top1"] == pytest.approx(float(top1))
+    assert figures["val/finish_acc"] == pytest.approx(float(((whole.argmax(1) == finish) == ~is_tool).float().mean()))
+    assert 0.0 < fit_calibration(algorithm, data, index)["temperature"]
