@@ -371,3 +371,13 @@ def test_write_failure_keeps_old_file(tmp_path: Path) -> None:
         write_episodes(path, broken())
     assert path.read_text() == "old contents"
     assert [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]
+
+
+def test_episodes_listing_the_same_tools_share_one_object_per_spec(tmp_path: Path) -> None:
+    search = {"name": "search", "description": "Search the web.", "parameters": {"type": "object", "properties": {}}}
+    other = {**search, "description": "Search the catalog."}  # same name, another spec: kept apart
+    records = [{"task": f"t{i}", "tools": [search, other if i == 2 else search]} for i in range(3)]
+    a, b, c = load_episodes([write_jsonl(tmp_path / "logs.jsonl", records)]).episodes
+    assert a.tools[0] is b.tools[0] is c.tools[0] is a.tools[1]
+    assert c.tools[1] is not c.tools[0] and c.tools[1].description == "Search the catalog."
+    assert [tool.model_dump() for tool in b.tools] == [ToolSpec(**search).model_dump()] * 2
