@@ -30,7 +30,6 @@ from evoharness_agent.encoding.transitions import TransitionDataset
 from evoharness_agent.learning.algorithms import Algorithm
 from evoharness_agent.learning.algorithms.base import score_decisions
 from evoharness_agent.learning.networks import masked_scores
-from evoharness_agent.schema import FINISH
 
 __all__ = [
     "CalibrationReport",
@@ -191,7 +190,7 @@ def fit_calibration(algorithm: Algorithm, dataset: TransitionDataset, index: tor
                 "coverage_at_95": None,
                 "note": "no validation episodes (val_fraction 0): not calibrated, probabilities are softmax(scores)"}
     algorithm.set_training(False)
-    decided = score_decisions(algorithm, dataset, index, dataset.tools.index[FINISH])
+    decided = score_decisions(algorithm, dataset, index)
     scores, mask, actions = decided.scores, decided.masks, decided.actions
     temperature = fit_temperature(scores, actions, mask)
 

@@ -42,7 +42,7 @@ from evoharness_agent.learning.precision import training_autocast
 from evoharness_agent.logs.bundled import training_set
 from evoharness_agent.logs.importers import load_episodes
 from evoharness_agent.runtime import atomic_write_bytes, pick_device
-from evoharness_agent.schema import FINISH, Episode
+from evoharness_agent.schema import Episode
 
 __all__ = ["DATASET_DIR", "TrainResult", "set_threads", "split_episodes", "task_group", "train",
            "train_on_episodes"]
@@ -106,7 +106,7 @@ def next_tool_accuracy(algorithm: Algorithm, dataset: TransitionDataset, index: 
     """Top-1 next-tool accuracy (among tools) and FINISH accuracy on transitions ``index``."""
     if index.numel() == 0:
         return {}
-    decided = score_decisions(algorithm, dataset, index, dataset.tools.index[FINISH])
+    decided = score_decisions(algorithm, dataset, index)
     scores, actions = decided.scores, decided.actions
     rows = torch.arange(len(actions))
     is_tool = ~decided.is_finish[rows, actions]

@@ -10,6 +10,7 @@ from torch import nn
 
 from evoharness_agent.encoding.transitions import Batch, TransitionDataset
 from evoharness_agent.learning.networks import NEG_INF, NetworkConfig, StateValue, ToolScorer, masked_scores
+from evoharness_agent.schema import FINISH
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self is Python 3.11+
@@ -226,7 +227,7 @@ class ScoredDecisions:
 
 
 @torch.no_grad()
-def score_decisions(algorithm: Algorithm, dataset: TransitionDataset, index: torch.Tensor, finish_row: int,
+def score_decisions(algorithm: Algorithm, dataset: TransitionDataset, index: torch.Tensor,
                     chunk_size: int = 4096) -> ScoredDecisions:
     """Score the transitions at ``index`` as the algorithm acts, each over its own candidates, ``chunk_size`` at a time.
 
@@ -235,15 +236,20 @@ def score_decisions(algorithm: Algorithm, dataset: TransitionDataset, index: tor
     decisions x tools tensors. Results are on the CPU.
     """
     device = dataset.tensors["actions"].device
-    parts: list[tuple[torch.Tensor, ...]] = []
-    for start in range(0, index.numel(), chunk_size):
+    offsets = dataset.tensors["pair_offsets"].cpu()
+    width = max(int((offsets[1:] - offsets[:-1])[index.cpu()].max()) if index.numel() else 0, 1)
+    n = index.numel()
+    # Chunks differ in their widest candidate list: each fills the left of these full-width rows.
+    out = ScoredDecisions(scores=torch.full((n, width), NEG_INF), masks=torch.zeros((n, width), dtype=torch.bool),
+                          actions=torch.zeros(n, dtype=torch.long), is_finish=torch.zeros((n, width), dtype=torch.bool))
+    finish = dataset.tools.index[FINISH]
+    for start in range(0, n, chunk_size):
         batch = dataset.batch(index[start : start + chunk_size].to(device), candidates_only=True)
         assert batch.candidates is not None  # candidates_only batches always carry them
-        scores = masked_scores(algorithm.scores(batch.states, batch.pairs, batch.candidates).float(), batch.masks)
-        parts.append((scores.cpu(), batch.masks.cpu(), batch.actions.cpu(), (batch.candidates == finish_row).cpu()))
-    width = max(part[0].shape[1] for part in parts)
-    # Chunks differ in their widest candidate list: pad the narrower ones with masked columns.
-    padded = [(nn.functional.pad(s, (0, width - s.shape[1]), value=NEG_INF),
-               nn.functional.pad(m, (0, width - m.shape[1])), a, nn.functional.pad(f, (0, width - f.shape[1])))
-              for s, m, a, f in parts]
-    return ScoredDecisions(*(torch.cat(column) for column in zip(*padded, strict=True)))
+        rows, k = slice(start, start + batch.masks.shape[0]), batch.masks.shape[1]
+        scores = algorithm.scores(batch.states, batch.pairs, batch.candidates).float()
+        out.scores[rows, :k] = masked_scores(scores, batch.masks).cpu()
+        out.masks[rows, :k] = batch.masks.cpu()
+        out.actions[rows] = batch.actions.cpu()
+        out.is_finish[rows, :k] = ((batch.candidates == finish) & batch.masks).cpu()  # padding points at FINISH's row
+    return out

@@ -64,7 +64,7 @@ def test_validation_scores_each_decision_over_its_candidates_like_the_whole_tabl
     algorithm.set_training(False)
     index = torch.arange(len(data))
     finish = data.tools.index[FINISH]
-    decided = score_decisions(algorithm, data, index, finish, chunk_size=7)  # chunks of other widths
+    decided = score_decisions(algorithm, data, index, chunk_size=7)  # chunks of other widths
     dense = data.batch(index)
     whole = masked_scores(algorithm.scores(dense.states, dense.pairs), dense.masks)
     compact = data.batch(index, candidates_only=True)
@@ -76,6 +76,7 @@ def test_validation_scores_each_decision_over_its_candidates_like_the_whole_tabl
     torch.testing.assert_close(decided.scores[:, :width][compact.masks], expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(compact.candidates[rows, decided.actions], dense.actions)
     assert torch.equal(decided.is_finish[rows, decided.actions], dense.actions == finish)
+    assert decided.is_finish.sum(1).eq(1).all()  # exactly one FINISH column per decision, padding excluded
     assert not decided.masks[:, width:].any()
     # The trainer's validation figures match the same figures computed on the whole table.
     figures = next_tool_accuracy(algorithm, data, index)
