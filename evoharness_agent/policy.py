@@ -23,6 +23,7 @@ from evoharness_agent.encoding.state import (
     N_STATE_FEATURES,
     gather_states,
     n_slots,
+    request_part_texts,
     state_parts,
     state_rows,
     step_text,
@@ -167,9 +168,11 @@ class ToolPolicy:
         def tool_text(name: str) -> str:
             return (by_name.get(name) or ToolSpec(name=name)).text()
 
+        all_parts = [state_parts(task, history, self.history_window) for task, history in states]
+        # All new requests' clauses in one encoder call; tool_coverage below then finds them cached.
+        self.encoder.embed(request_part_texts(parts.request for parts in all_parts))
         rows, features, pairs = [], [], []
-        for (task, history), allowed in zip(states, available or [None] * len(states), strict=True):
-            parts = state_parts(task, history, self.history_window)
+        for parts, allowed in zip(all_parts, available or [None] * len(states), strict=True):
             rows.append(state_rows(parts, tool_text, row, self.history_window))
             features.append(parts.features)
             coverage = tool_coverage(parts, specs, tool_vectors, self.encoder.embed, tool_text)

@@ -33,7 +33,7 @@ import functools
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +62,7 @@ __all__ = [
     "gather_states",
     "n_slots",
     "part_coverage",
+    "request_part_texts",
     "request_parts",
     "state_dim",
     "state_parts",
@@ -139,6 +140,11 @@ def request_parts(request: str) -> list[str]:
     pieces = [piece.strip() for piece in _PART_BREAK.split(request[:MAX_CONTENT_CHARS]) if piece and piece.strip()]
     pieces = [piece for piece in pieces if len(piece) > 3]
     return pieces[:MAX_REQUEST_PARTS] or [request[:MAX_CONTENT_CHARS]]
+
+
+def request_part_texts(requests: Iterable[str]) -> list[str]:
+    """Return the distinct :func:`request_parts` of ``requests``, sorted (to embed them in one batch)."""
+    return sorted({part for request in requests for part in request_parts(request)})
 
 
 def part_coverage(part_vectors: np.ndarray, tool_vectors: np.ndarray, called: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ from evoharness_agent.encoding.state import (
     decisions,
     gather_states,
     n_slots,
-    request_parts,
+    request_part_texts,
     state_dim,
     state_rows,
     tool_coverage,
@@ -273,8 +273,7 @@ def build_dataset(
     tool_vectors = tools.embeddings.numpy()
     # Every request's parts in one batched encoding: the per-decision lookups below then hit the cache.
     requests = {ep.task for ep in episodes} | {s.content for ep in episodes for s in ep.steps if s.kind == "user"}
-    encoder.embed(sorted({part for request in requests for part in request_parts(request)}),
-                  show_progress=show_progress, processes=encode_processes)
+    encoder.embed(request_part_texts(requests), show_progress=show_progress, processes=encode_processes)
     text_rows: dict[str, int] = {}
 
     def row(text: str) -> int:
