@@ -34,6 +34,7 @@ test: venv
 	$(PY) -m pytest -q tests -p no:cacheprovider
 
 test-slow: venv
+	$(PIP) install -q -e '.[dev,local,server,onnx,ray]'
 	$(PY) -m pytest -q -m slow tests
 
 bench: venv

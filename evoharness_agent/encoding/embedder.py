@@ -4,7 +4,8 @@ Every text (a task, a user message, one step, one tool description) is embedded 
 once: the in-memory cache serves repeats within a run (so an agent's growing history costs
 one new embedding per step), and the on-disk SQLite cache serves repeats across runs (so a
 second ``train`` over the same logs encodes zero texts). The texts not cached can be encoded by
-several processes on one machine (``embed(..., processes=N)``: sentence-transformers' pool).
+several processes on one machine (``embed(..., processes=N)``: sentence-transformers' pool), or
+by Ray Data actors across a cluster (``embed(..., ray=RayEncoding(N))``: the ``ray`` extra).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from evoharness_agent.encoding.ray_encoding import RayEncoding, ray_encode
 from evoharness_agent.runtime import cache_dir as default_cache_dir
 from evoharness_agent.runtime import pick_device
 
@@ -215,12 +217,15 @@ class StateEncoder:
         raw = f"{self.model_name}\x00{self.max_seq_length}\x00{text}".encode()
         return hashlib.sha256(raw).hexdigest()
 
-    def embed(self, texts: Sequence[str], *, show_progress: bool = False, processes: int = 1) -> np.ndarray:
+    def embed(self, texts: Sequence[str], *, show_progress: bool = False, processes: int = 1,
+              ray: RayEncoding | None = None) -> np.ndarray:
         """Return L2-normalised float32 embeddings, shape ``(len(texts), dim)``.
 
         ``processes`` > 1 encodes the texts missing from both caches with sentence-transformers'
         multi-process pool (that many workers on this encoder's device), when there are enough of
-        them to give every worker a batch; starting the workers costs a model load each.
+        them to give every worker a batch; starting the workers costs a model load each. ``ray``
+        encodes them on Ray Data actors instead (:func:`~evoharness_agent.encoding.ray_encoding.ray_encode`),
+        under the same condition.
         """
         keys = [self._key(t) for t in texts]
         missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._memory}
@@ -235,7 +240,7 @@ class StateEncoder:
             missing = {k: t for k, t in missing.items() if k not in self._memory}
         if missing:
             with self._model_lock:
-                vectors = self._encode(list(missing.values()), show_progress, processes).astype(np.float32)
+                vectors = self._encode(list(missing.values()), show_progress, processes, ray).astype(np.float32)
             fresh = dict(zip(missing, vectors, strict=True))
             self._memory.update(fresh)
             self.n_encoded += len(fresh)
@@ -245,8 +250,12 @@ class StateEncoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self._memory[k] for k in keys])
 
-    def _encode(self, texts: list[str], show_progress: bool, processes: int) -> np.ndarray:
-        """Run ``texts`` through the model, in a pool of ``processes`` workers when each gets a batch."""
+    def _encode(self, texts: list[str], show_progress: bool, processes: int, ray: RayEncoding | None) -> np.ndarray:
+        """Run ``texts`` through the model: on Ray, or in a pool of ``processes`` workers, when each gets a batch."""
+        if ray is not None and len(texts) >= ray.workers * self.batch_size:
+            return ray_encode(texts, ray, model_name=self.model_name, max_seq_length=self.max_seq_length,
+                              batch_size=self.batch_size, device=pick_device(self.device),
+                              show_progress=show_progress)
         model = self._load()
         options = {"batch_size": self.batch_size, "convert_to_numpy": True, "normalize_embeddings": True,
                    "show_progress_bar": show_progress}

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.encoding.ray_encoding import RayEncoding
 from evoharness_agent.encoding.state import (
     N_PAIR_FEATURES,
     N_STATE_FEATURES,
@@ -210,10 +211,27 @@ def _tensor(values: array, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(np.asarray(values)).to(dtype)
 
 
+def _mapped_table(path: Path, shape: tuple[int, int], dtype: EmbeddingDtype) -> torch.Tensor:
+    """Map the table another process wrote at ``path``, checking it is the one these texts need."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no shared embedding table (the process that writes it has not)")
+    table = np.load(path, mmap_mode="c")
+    if table.shape != shape or table.dtype != np.dtype(dtype):
+        raise ValueError(f"{path}: shared embedding table is {table.dtype} {table.shape}, "
+                         f"this data set needs {dtype} {shape} (written for other logs or settings)")
+    return torch.from_numpy(table)
+
+
 def _embedding_table(texts: Sequence[str], encoder: StateEncoder, dim: int, dtype: EmbeddingDtype,
-                     mmap_dir: Path | None, show_progress: bool, processes: int) -> torch.Tensor:
-    """Embed ``texts`` into rows 1.. of a ``(len(texts) + 1, dim)`` table (row 0 is PAD), in memory or on disk."""
-    vectors = encoder.embed(texts, show_progress=show_progress, processes=processes) if texts else None
+                     mmap_dir: Path | None, show_progress: bool, processes: int, ray: RayEncoding | None,
+                     mmap_shared: bool = False) -> torch.Tensor:
+    """Embed ``texts`` into rows 1.. of a ``(len(texts) + 1, dim)`` table (row 0 is PAD), in memory or on disk.
+
+    With ``mmap_shared`` the table in ``mmap_dir`` is mapped as another process wrote it.
+    """
+    if mmap_dir is not None and mmap_shared:
+        return _mapped_table(mmap_dir / EMBEDDINGS_FILE, (len(texts) + 1, dim), dtype)
+    vectors = encoder.embed(texts, show_progress=show_progress, processes=processes, ray=ray) if texts else None
     if mmap_dir is None:
         table = np.zeros((len(texts) + 1, dim), dtype=dtype)
         if vectors is not None:
@@ -247,7 +265,9 @@ def build_dataset(
     show_progress: bool = False,
     embedding_dtype: EmbeddingDtype = "float32",
     mmap_dir: Path | None = None,
+    mmap_shared: bool = False,
     encode_processes: int = 1,
+    encode_ray: RayEncoding | None = None,
 ) -> TransitionDataset:
     """Encode episodes into a :class:`TransitionDataset` (one transition per decision).
 
@@ -262,7 +282,11 @@ def build_dataset(
             become float32 when a batch gathers them).
         mmap_dir: write the text-embedding table to ``mmap_dir/text_embeddings.npy`` and memory-map
             it, so the process holds only the pages batches touch.
+        mmap_shared: another process built the same data set and wrote its table into
+            ``mmap_dir`` (rank 0 of a data-parallel run): map that file instead of embedding the
+            texts and writing it again (its shape and dtype are checked).
         encode_processes: processes that encode the texts not cached yet (see :meth:`StateEncoder.embed`).
+        encode_ray: encode them on Ray Data actors instead (the ``ray`` extra).
 
     """
     reward_config = reward_config or RewardConfig()
@@ -273,7 +297,8 @@ def build_dataset(
     tool_vectors = tools.embeddings.numpy()
     # Every request's parts in one batched encoding: the per-decision lookups below then hit the cache.
     requests = {ep.task for ep in episodes} | {s.content for ep in episodes for s in ep.steps if s.kind == "user"}
-    encoder.embed(request_part_texts(requests), show_progress=show_progress, processes=encode_processes)
+    encoder.embed(request_part_texts(requests), show_progress=show_progress, processes=encode_processes,
+                  ray=encode_ray)
     text_rows: dict[str, int] = {}
 
     def row(text: str) -> int:
@@ -307,7 +332,7 @@ def build_dataset(
 
     texts = sorted(text_rows, key=text_rows.__getitem__)
     table = _embedding_table(texts, encoder, int(tools.embeddings.shape[1]), embedding_dtype, mmap_dir,
-                             show_progress, encode_processes)
+                             show_progress, encode_processes, encode_ray, mmap_shared)
 
     n = len(actions)
     row_tensor = _tensor(rows, torch.long).reshape(n, n_slots(history_window))

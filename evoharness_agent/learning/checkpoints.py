@@ -420,7 +420,7 @@ _SAME_RUN_KEYS = ("algorithm", "params", "network", "encoder", "max_seq_length",
                   "state_layout", "state_dim", "tool_dim", "known_tools")
 _SAME_RUN_CONFIG = ("data", "rewards", "algorithm", "model")
 # How the data is embedded and held, not what it is: a resume may change these.
-_HOW_NOT_WHAT = {"data": ("encode_processes", "mmap_embeddings")}
+_HOW_NOT_WHAT = {"data": ("encode_processes", "mmap_embeddings", "encode_ray_workers", "ray_address")}
 
 
 def _run_section(config: Mapping[str, Any], section: str) -> Any:

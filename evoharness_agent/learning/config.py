@@ -29,6 +29,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evoharness_agent.encoding.embedder import DEFAULT_MODEL
+from evoharness_agent.encoding.ray_encoding import RayEncoding
 from evoharness_agent.learning.networks import NetworkConfig
 from evoharness_agent.rewards import RewardConfig
 
@@ -72,6 +73,16 @@ class DataSection(_Section):
     encode_processes: int = Field(default=1, ge=1)
     """Processes that embed the texts not in the embedding cache (sentence-transformers' multi-process
     pool, on the encoder's device)."""
+    encode_ray_workers: int = Field(default=0, ge=0)
+    """Ray Data actors that embed the texts not in the embedding cache instead, across a Ray cluster
+    (the ``ray`` extra; 0: off). See :mod:`evoharness_agent.encoding.ray_encoding`."""
+    ray_address: str | None = None
+    """The Ray cluster those actors run on (``"auto"``: the one this machine belongs to); ``None``
+    starts a local one."""
+
+    def ray_encoding(self) -> RayEncoding | None:
+        """Return how to encode on Ray, or ``None`` when ``encode_ray_workers`` is 0."""
+        return RayEncoding(self.encode_ray_workers, self.ray_address) if self.encode_ray_workers else None
 
 
 class AlgorithmSection(_Section):

@@ -167,7 +167,9 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
                             reward_config=rewards, show_progress=show_progress,
                             embedding_dtype=config.data.embedding_dtype,
                             mmap_dir=out / DATASET_DIR if config.data.mmap_embeddings else None,
-                            encode_processes=config.data.encode_processes)
+                            mmap_shared=not context.is_main,  # one table on disk, written by rank 0
+                            encode_processes=config.data.encode_processes,
+                            encode_ray=config.data.ray_encoding())
     if context.is_main:
         context.barrier()
     if len(dataset) == 0:

@@ -79,6 +79,36 @@ def test_rebuilding_into_the_same_folder_leaves_a_mapped_table_intact(encoder: S
     assert torch.equal(first.text_embeddings, expected)
 
 
+def test_a_second_process_maps_the_table_the_first_wrote(encoder: StateEncoder, tmp_path: Path) -> None:
+    """Ranks of a data-parallel run share rank 0's file: no second embedding pass, no second write."""
+    written = build_dataset(EPISODES, encoder, history_window=2, embedding_dtype="float16", mmap_dir=tmp_path)
+    stamp = (tmp_path / EMBEDDINGS_FILE).stat().st_mtime_ns
+    encoded, calls = encoder.n_encoded, []
+    real_embed = encoder.embed
+
+    def counting_embed(texts, **options):  # type: ignore[no-untyped-def]
+        calls.append(len(texts))
+        return real_embed(texts, **options)
+
+    encoder.embed = counting_embed  # type: ignore[method-assign]
+    try:
+        shared = build_dataset(EPISODES, encoder, history_window=2, embedding_dtype="float16", mmap_dir=tmp_path,
+                               mmap_shared=True)
+    finally:
+        del encoder.embed
+    assert torch.equal(shared.text_embeddings, written.text_embeddings)
+    assert (tmp_path / EMBEDDINGS_FILE).stat().st_mtime_ns == stamp and encoder.n_encoded == encoded
+    n_texts = written.text_embeddings.shape[0] - 1
+    assert n_texts not in calls  # the step texts were not embedded again (tools and clauses are)
+    with pytest.raises(ValueError, match=r"text_embeddings\.npy.*float16.*needs float32"):
+        build_dataset(EPISODES, encoder, history_window=2, mmap_dir=tmp_path, mmap_shared=True)
+    with pytest.raises(ValueError, match="needs float16"):
+        build_dataset(synthetic_episodes(3), encoder, history_window=2, embedding_dtype="float16",
+                      mmap_dir=tmp_path, mmap_shared=True)
+    with pytest.raises(FileNotFoundError, match="no shared embedding table"):
+        build_dataset(EPISODES, encoder, history_window=2, mmap_dir=tmp_path / "none", mmap_shared=True)
+
+
 def test_training_runs_on_a_float16_memory_mapped_table(encoder: StateEncoder, tmp_path: Path) -> None:
     config = load_config(None, {
         "training": {"steps": 4, "batch_size": 8, "device": "cpu", "threads": 1, "checkpoint_every": 4,

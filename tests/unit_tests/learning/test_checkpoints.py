@@ -234,7 +234,8 @@ def test_resume_with_other_data_paths_is_refused(tmp_path: Path) -> None:
 
 def test_resume_may_change_how_the_data_is_embedded_and_held(tmp_path: Path) -> None:
     _two_checkpoints(tmp_path)
-    how = {"data": {"paths": ["logs.jsonl"], "encode_processes": 4, "mmap_embeddings": True}}
+    how = {"data": {"paths": ["logs.jsonl"], "encode_processes": 4, "mmap_embeddings": True,
+                    "encode_ray_workers": 8, "ray_address": "auto"}}
     assert load_checkpoint(tmp_path, _algorithm("iql"), torch.Generator(), _meta("iql", config=how)) == 20
     with pytest.raises(CheckpointError, match="config's data section"):  # what it is still counts
         load_checkpoint(tmp_path, _algorithm("iql"), torch.Generator(),

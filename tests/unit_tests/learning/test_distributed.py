@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 
 from evoharness_agent import cli
 from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.encoding.transitions import EMBEDDINGS_FILE
 from evoharness_agent.learning.distributed import Context, launch
-from evoharness_agent.learning.trainer import train_on_episodes
+from evoharness_agent.learning.trainer import DATASET_DIR, train_on_episodes
 from evoharness_agent.logs.importers import write_episodes
 from tests.kit.synthetic_logs import synthetic_episodes
 from tests.unit_tests.learning.test_trainer_policy import make_config
@@ -54,7 +55,10 @@ def test_two_gloo_processes_match_one_process(algorithm: str, tmp_path: Path, en
     train_on_episodes(episodes, config, tmp_path / "one", encoder=encoder, show_progress=False)
     # The spawned ranks build their own encoder over the cache the one-process run filled.
     monkeypatch.setenv("EVOHARNESS_CACHE_DIR", str(cache))
-    launch(2, train_on_episodes, episodes, config, tmp_path / "two", show_progress=False)
+    # The ranks share one memory-mapped table, written by rank 0 (an in-memory one is the same data).
+    mapped = config.model_copy(update={"data": config.data.model_copy(update={"mmap_embeddings": True})})
+    launch(2, train_on_episodes, episodes, mapped, tmp_path / "two", show_progress=False)
+    assert [p.name for p in (tmp_path / "two" / DATASET_DIR).iterdir()] == [EMBEDDINGS_FILE]
 
     one, two = (load_file(str(tmp_path / run / "policy.safetensors")) for run in ("one", "two"))
     assert one.keys() == two.keys()
