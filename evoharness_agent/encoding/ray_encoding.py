@@ -75,7 +75,8 @@ def ray_encode(texts: Sequence[str], ray_encoding: RayEncoding, *, model_name: s
     encoded = dataset.map_batches(
         _EncodeBlocks, fn_constructor_kwargs={"model_name": model_name, "max_seq_length": max_seq_length,
                                               "batch_size": batch_size, "device": device},
-        concurrency=ray_encoding.workers, batch_size=batch_size * ROWS_PER_CALL, batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=ray_encoding.workers), batch_size=batch_size * ROWS_PER_CALL,
+        batch_format="numpy",
         num_cpus=1, num_gpus=1 if device.startswith("cuda") else 0)
     rows, vectors = [], []
     for batch in encoded.iter_batches(batch_format="numpy", batch_size=None):
