@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -101,6 +101,29 @@ def _subset(dataset: TransitionDataset, episode_ids: list[int]) -> torch.Tensor:
     return torch.nonzero(wanted[dataset.tensors["episode_ids"].cpu()]).squeeze(1)
 
 
+def _build_in_turn(context: Context, build: Callable[[bool], TransitionDataset]) -> TransitionDataset:
+    """Build the data set on every rank in three turns, each rank passing the same two barriers.
+
+    Rank 0 first: it fills this machine's embedding cache and writes the memory-mapped table.
+    Then the first rank of every other machine (its own cache and table, unless the output
+    folder is shared). Then the rest, which read their machine's cache and map its table
+    (``build(True)``) instead of embedding and writing it again.
+    """
+    if context.is_main:
+        dataset = build(False)
+        context.barrier()
+        context.barrier()
+    elif context.local_rank == 0:
+        context.barrier()
+        dataset = build(False)
+        context.barrier()
+    else:
+        context.barrier()
+        context.barrier()
+        dataset = build(True)
+    return dataset
+
+
 @torch.no_grad()
 def next_tool_accuracy(algorithm: Algorithm, dataset: TransitionDataset, index: torch.Tensor) -> dict[str, float]:
     """Top-1 next-tool accuracy (among tools) and FINISH accuracy on transitions ``index``."""
@@ -161,17 +184,16 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     episodes = compose_requests(episodes, config.data.composed_share, seed=config.training.seed)
     episodes = with_distractors(episodes, config.data.distractors, seed=config.training.seed)
     part = context.shard(config.training.batch_size) if context.world_size > 1 else None
-    if not context.is_main:
-        context.barrier()  # rank 0 encodes first; the others then read its vectors from the cache
-    dataset = build_dataset(episodes, encoder, history_window=config.model.history_window,
-                            reward_config=rewards, show_progress=show_progress,
-                            embedding_dtype=config.data.embedding_dtype,
-                            mmap_dir=out / DATASET_DIR if config.data.mmap_embeddings else None,
-                            mmap_shared=not context.is_main,  # one table on disk, written by rank 0
-                            encode_processes=config.data.encode_processes,
-                            encode_ray=config.data.ray_encoding())
-    if context.is_main:
-        context.barrier()
+
+    def build(mmap_shared: bool) -> TransitionDataset:
+        return build_dataset(episodes, encoder, history_window=config.model.history_window,
+                             reward_config=rewards, show_progress=show_progress,
+                             embedding_dtype=config.data.embedding_dtype,
+                             mmap_dir=out / DATASET_DIR if config.data.mmap_embeddings else None,
+                             mmap_shared=mmap_shared, encode_processes=config.data.encode_processes,
+                             encode_ray=config.data.ray_encoding())
+
+    dataset = _build_in_turn(context, build)
     if len(dataset) == 0:
         raise ValueError("the logs contain no decisions (no tool calls or replies) to learn from")
     train_ids, val_ids = split_episodes(episodes, config.data.val_fraction, config.training.seed)

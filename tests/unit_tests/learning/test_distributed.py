@@ -17,7 +17,7 @@ from evoharness_agent import cli
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.transitions import EMBEDDINGS_FILE
 from evoharness_agent.learning.distributed import Context, launch
-from evoharness_agent.learning.trainer import DATASET_DIR, train_on_episodes
+from evoharness_agent.learning.trainer import DATASET_DIR, _build_in_turn, train_on_episodes
 from evoharness_agent.logs.importers import write_episodes
 from tests.kit.synthetic_logs import synthetic_episodes
 from tests.unit_tests.learning.test_trainer_policy import make_config
@@ -38,6 +38,33 @@ def test_shard_splits_the_global_batch_evenly() -> None:
     assert Context().shard(8) == slice(0, 8)
     with pytest.raises(ValueError, match="batch_size 9 is not divisible by the 2 processes"):
         Context(0, 2).shard(9)
+
+
+class _Recorded(Context):
+    """A rank that records its barriers instead of waiting at them."""
+
+    def __init__(self, rank: int, world_size: int, local_rank: int, events: list[str]) -> None:
+        super().__init__(rank, world_size, local_rank)
+        self.events = events
+
+    def barrier(self) -> None:
+        self.events.append("barrier")
+
+
+@pytest.mark.parametrize(("rank", "local_rank", "expected"), [
+    (0, 0, ["build", "barrier", "barrier"]),          # rank 0 first: fills the cache, writes the table
+    (2, 0, ["barrier", "build", "barrier"]),          # another machine's first rank next, for that machine
+    (3, 1, ["barrier", "barrier", "build shared"]),   # the rest last: they map the table
+])
+def test_ranks_build_the_data_set_in_three_turns(rank: int, local_rank: int, expected: list[str]) -> None:
+    events: list[str] = []
+
+    def build(mmap_shared: bool) -> str:
+        events.append("build shared" if mmap_shared else "build")
+        return "dataset"
+
+    assert _build_in_turn(_Recorded(rank, 4, local_rank, events), build) == "dataset"
+    assert events == expected
 
 
 @pytest.mark.slow  # ~15 s each: two spawned interpreters import torch and the package
