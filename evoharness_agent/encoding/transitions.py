@@ -284,7 +284,7 @@ def build_dataset(
             it, so the process holds only the pages batches touch.
         mmap_shared: another process built the same data set and wrote its table into
             ``mmap_dir`` (rank 0 of a data-parallel run): map that file instead of embedding the
-            texts and writing it again (its shape and dtype are checked).
+            texts and writing it again (its shape and dtype are checked); no effect without ``mmap_dir``.
         encode_processes: processes that encode the texts not cached yet (see :meth:`StateEncoder.embed`).
         encode_ray: encode them on Ray Data actors instead (the ``ray`` extra).
 

@@ -23,13 +23,14 @@ Example (every key optional; command-line flags override the file)::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evoharness_agent.encoding.embedder import DEFAULT_MODEL
 from evoharness_agent.encoding.ray_encoding import RayEncoding
+from evoharness_agent.encoding.transitions import EmbeddingDtype
 from evoharness_agent.learning.networks import NetworkConfig
 from evoharness_agent.rewards import RewardConfig
 
@@ -64,7 +65,7 @@ class DataSection(_Section):
     composed_share: float = Field(default=0.0, ge=0.0, le=1.0)
     """Share of the one-call episodes joined in pairs into two-part requests, added to the logs
     (see :func:`~evoharness_agent.learning.augment.compose_requests`)."""
-    embedding_dtype: Literal["float32", "float16"] = "float32"
+    embedding_dtype: EmbeddingDtype = "float32"
     """Storage type of the training set's text-embedding table: ``float16`` halves it (batches still
     train in float32; embeddings differ from float32's by under 1e-3)."""
     mmap_embeddings: bool = False

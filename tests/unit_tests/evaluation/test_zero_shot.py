@@ -47,19 +47,25 @@ def after_success(task: Episode) -> int:
 # --------------------------------------------------------------------------- the suite
 
 
-def test_suite_size_and_shape() -> None:
-    assert len(ZERO_SHOT_TOOLSETS) >= 5
-    assert len(ZERO_SHOT_TASKS) >= 20
-    assert len(BY_TASK) == len(ZERO_SHOT_TASKS), "task texts are unique"
-    assert len({task.id for task in ZERO_SHOT_TASKS}) == len(ZERO_SHOT_TASKS)
-    for name, tools in ZERO_SHOT_TOOLSETS.items():
-        assert 4 <= len(tools) <= 8, name
+@pytest.mark.parametrize(("tasks", "toolsets", "suite", "min_tasks", "min_tools"), [
+    (ZERO_SHOT_TASKS, ZERO_SHOT_TOOLSETS, "zero_shot", 20, 4),
+    (VALIDATION_TASKS, VALIDATION_TOOLSETS, "zero_shot_validation", 24, 5),
+], ids=["reported", "validation"])
+def test_suite_size_and_shape(tasks: Sequence[Episode], toolsets: dict[str, tuple[ToolSpec, ...]], suite: str,
+                              min_tasks: int, min_tools: int) -> None:
+    assert len(toolsets) >= 5
+    assert len(tasks) >= min_tasks
+    assert len({task.task for task in tasks}) == len(tasks), "task texts are unique"
+    assert len({task.id for task in tasks}) == len(tasks)
+    for name, tools in toolsets.items():
+        assert min_tools <= len(tools) <= 8, name
         assert all(tool.description and tool.name != FINISH for tool in tools)
-    every_name = [tool.name for tools in ZERO_SHOT_TOOLSETS.values() for tool in tools]
+    every_name = [tool.name for tools in toolsets.values() for tool in tools]
     assert len(every_name) == len(set(every_name)), "a tool name belongs to one toolset"
-    assert {task.metadata["toolset"] for task in ZERO_SHOT_TASKS} == set(ZERO_SHOT_TOOLSETS)
-    for task in ZERO_SHOT_TASKS:
-        assert task.tools == list(ZERO_SHOT_TOOLSETS[task.metadata["toolset"]])
+    assert {task.metadata["toolset"] for task in tasks} == set(toolsets)
+    for task in tasks:
+        assert task.id.startswith(f"{suite}_") and task.metadata["suite"] == suite
+        assert task.tools == list(toolsets[task.metadata["toolset"]])
         assert task.available_at_start is None
 
 

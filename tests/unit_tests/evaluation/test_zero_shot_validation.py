@@ -46,23 +46,6 @@ def id_arguments(arguments: Any) -> Iterator[tuple[str, str]]:
 # --------------------------------------------------------------------------- the suite
 
 
-def test_suite_size_and_shape() -> None:
-    assert len(VALIDATION_TOOLSETS) >= 5
-    assert len(VALIDATION_TASKS) >= 24
-    assert len(BY_TASK) == len(VALIDATION_TASKS), "task texts are unique"
-    assert len({task.id for task in VALIDATION_TASKS}) == len(VALIDATION_TASKS)
-    for name, tools in VALIDATION_TOOLSETS.items():
-        assert 5 <= len(tools) <= 8, name
-        assert all(tool.description and tool.name != FINISH for tool in tools)
-    every_name = [tool.name for tools in VALIDATION_TOOLSETS.values() for tool in tools]
-    assert len(every_name) == len(set(every_name)), "a tool name belongs to one toolset"
-    assert {task.metadata["toolset"] for task in VALIDATION_TASKS} == set(VALIDATION_TOOLSETS)
-    for task in VALIDATION_TASKS:
-        assert task.id.startswith("zero_shot_validation_") and task.metadata["suite"] == "zero_shot_validation"
-        assert task.tools == list(VALIDATION_TOOLSETS[task.metadata["toolset"]])
-        assert task.available_at_start is None
-
-
 def test_the_reported_suite_keeps_its_ids() -> None:
     assert all(task.metadata["suite"] == "zero_shot" for task in ZERO_SHOT_TASKS)
     assert ZERO_SHOT_TASKS[0].id == "zero_shot_weather_units_email_paris_fahrenheit"
