@@ -8,6 +8,7 @@ built by the same code as the training states (:mod:`evoharness_agent.encoding.s
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from evoharness_agent.encoding.state import (
     gather_states,
     n_slots,
     request_part_texts,
+    request_parts,
     state_parts,
     state_rows,
     step_text,
@@ -39,6 +41,9 @@ if TYPE_CHECKING:  # onnxruntime is the optional ``onnx`` extra: imported only f
     from evoharness_agent.inference.onnx_runtime import OnnxScorer
 
 __all__ = ["PolicySession", "RankingPolicy", "RankingSession", "ToolPolicy", "ToolScore"]
+
+TOOL_TABLES_KEPT = 16
+"""Tool tables a :class:`ToolPolicy` keeps embedded (one per tool set it ranks; a server sees several)."""
 
 @dataclass(frozen=True)
 class ToolScore:
@@ -111,6 +116,7 @@ class ToolPolicy:
         self.temperature = float(meta.get("calibration", {}).get("temperature", 1.0))
         """Divides the scores before the softmax of :attr:`ToolScore.probability`."""
         self._lock = threading.Lock()
+        self._tool_tables: OrderedDict[tuple[tuple[str, str], ...], tuple[ToolInputs, np.ndarray]] = OrderedDict()
         algorithm.set_training(False)
 
     @classmethod
@@ -145,11 +151,26 @@ class ToolPolicy:
         # An ONNX export's section names graph files that this directory will not have.
         save_policy(path, self.algorithm, {key: value for key, value in self.meta.items() if key != "onnx"})
 
-    def _tool_inputs(self, specs: Sequence[ToolSpec]) -> ToolInputs:
-        """Embed tools (cached) and look up their bias rows."""
-        vectors = torch.from_numpy(self.encoder.embed([s.text() for s in specs])).to(self.device)
+    def _tool_inputs(self, specs: Sequence[ToolSpec]) -> tuple[ToolInputs, np.ndarray]:
+        """Return the tool table of ``specs`` (embeddings and bias rows) and its embeddings as an array.
+
+        A live run ranks the same tools at every decision: the last :data:`TOOL_TABLES_KEPT`
+        tables are kept, so the scorer sees the same tensors and reuses its tool-side features.
+        """
+        key = tuple((spec.name, spec.description) for spec in specs)
+        with self._lock:
+            table = self._tool_tables.get(key)
+            if table is not None:
+                self._tool_tables.move_to_end(key)
+                return table
+        array = self.encoder.embed([s.text() for s in specs])
         ids = torch.tensor([self.known_tools.get(s.name, -1) for s in specs], device=self.device)
-        return ToolInputs(vectors, ids)
+        table = (ToolInputs(torch.from_numpy(array).to(self.device), ids), array)
+        with self._lock:
+            self._tool_tables[key] = table
+            while len(self._tool_tables) > TOOL_TABLES_KEPT:
+                self._tool_tables.popitem(last=False)
+        return table
 
     def _state_inputs(self, states: Sequence[tuple[str, Sequence[Step]]], specs: Sequence[ToolSpec],
                       tool_vectors: np.ndarray, available: Sequence[Collection[str] | None] | None = None,
@@ -183,7 +204,9 @@ class ToolPolicy:
             table[1:] = torch.from_numpy(self.encoder.embed(list(text_rows)))
         row_tensor = torch.tensor(rows, dtype=torch.long).reshape(len(states), n_slots(self.history_window))
         feature_tensor = torch.tensor(features, dtype=torch.float32).reshape(len(states), N_STATE_FEATURES)
-        pair_tensor = torch.tensor(pairs, dtype=torch.float32).reshape(len(states), len(names), N_PAIR_FEATURES)
+        # Through numpy: torch.tensor reads nested lists one float at a time.
+        pair_array = np.asarray(pairs, dtype=np.float32).reshape(len(states), len(names), N_PAIR_FEATURES)
+        pair_tensor = torch.from_numpy(pair_array)
         states_tensor = gather_states(table, row_tensor, feature_tensor)
         return states_tensor.to(self.device), pair_tensor.to(self.device)
 
@@ -199,8 +222,8 @@ class ToolPolicy:
         specs = [spec for spec in map(as_tool_spec, tools) if spec.name != FINISH]
         if include_finish:
             specs.append(finish_spec())
-        tool_inputs = self._tool_inputs(specs)
-        state_inputs = self._state_inputs(states, specs, tool_inputs.embeddings.cpu().numpy(), available)
+        tool_inputs, tool_vectors = self._tool_inputs(specs)
+        state_inputs = self._state_inputs(states, specs, tool_vectors, available)
         if self._onnx_scorer is not None:
             assert tool_inputs.ids is not None  # _tool_inputs always looks the ids up
             scores = self._onnx_scorer.scores(state_inputs[0].numpy(), tool_inputs.embeddings.numpy(),
@@ -246,13 +269,13 @@ class PolicySession:
     """The policy's view of one live run: add steps as they happen, rank at each decision."""
 
     def __init__(self, policy: ToolPolicy, task: str, tools: Sequence[Any]) -> None:
-        """Embed the task now; steps are embedded when :meth:`observe` sees them."""
+        """Embed the task (and its clauses) now; steps are embedded when :meth:`observe` sees them."""
         self.policy = policy
         self.task = task
         self.tools = list(tools)
         self._tool_names = {as_tool_spec(tool).name for tool in self.tools} | {FINISH}
         self.history: list[Step] = []
-        policy.encoder.embed([task])
+        policy.encoder.embed([task, *request_parts(task)])  # one encoder call, not one now and one at rank
 
     def observe(self, step: Step | Mapping[str, Any]) -> None:
         """Record a step (tool call, reply or user message) and embed its text once.
@@ -276,8 +299,9 @@ class PolicySession:
                 raise ValueError(f"not a valid step ({problems})") from None
         elif not isinstance(step, Step):
             raise TypeError(f"observe() takes a Step or its dict form, not {type(step).__name__}")
-        policy_text = step.content if step.kind == "user" else step_text(step)
-        self.policy.encoder.embed([policy_text])
+        # A new request's clauses go in the same encoder call as its text.
+        texts = [step.content, *request_parts(step.content)] if step.kind == "user" else [step_text(step)]
+        self.policy.encoder.embed(texts)
         self.history.append(step)  # only now: a step that failed above must not break later ranks
 
     def rank(self, available: Collection[str] | None = None) -> list[ToolScore]:

@@ -228,8 +228,6 @@ class StateParts:
         express per tool, and the loop a policy without them falls into.
         """
         request = self.request.lower()
-        request_words = set(_WORD.findall(request))
-        request_stems = {word[:5] for word in request_words if len(word) >= 5}  # once per state, not per tool
         just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
         is_open = [available is None or tool.name in available for tool in tools]
         ids = [_id_args(tool) for tool in tools]
@@ -250,7 +248,7 @@ class StateParts:
                 float(just and just_failed),
                 float(name in self.failed_in_turn),
                 min(self.calls_in_turn[name], 5) / 5.0,
-                _named_in(name, request, request_words, request_stems),
+                _named_in(name, request),
                 len(tool_missing) / max(len(tool_ids), 1),
                 0.0 if tool_missing else _provides(tool, tool_ids, wanted),
                 0.0 if name == FINISH else float(served),
@@ -273,16 +271,22 @@ def _name_words(name: str) -> tuple[str, ...]:
     return tuple(w for w in words if len(w) >= 3 and w not in _GENERIC_WORDS)
 
 
-def _named_in(name: str, request: str, request_words: set[str], request_stems: set[str]) -> float:
-    """Return 1 when the request contains the tool's name, else the share of its name's words it contains.
+@functools.lru_cache(maxsize=256)
+def _request_words(request: str) -> tuple[frozenset[str], frozenset[str]]:
+    """Return a lower-cased request's words, and the first five letters of those of five letters or more."""
+    words = frozenset(_WORD.findall(request))
+    return words, frozenset(word[:5] for word in words if len(word) >= 5)
 
-    ``request_stems`` are the first five letters of the request's words of five letters or more.
-    """
+
+@functools.lru_cache(maxsize=65536)  # a live run asks again at every decision of a turn
+def _named_in(name: str, request: str) -> float:
+    """Return 1 when the (lower-cased) request contains the tool's name, else the share of its name's words it has."""
     if name.lower() in request:
         return 1.0
     words = _name_words(name)
     if not words:
         return 0.0
+    request_words, request_stems = _request_words(request)
     # A word counts when the request has it, or a word sharing its first five letters (book/booking).
     found = sum(w in request_words or (len(w) >= 5 and w[:5] in request_stems) for w in words)
     return found / len(words)

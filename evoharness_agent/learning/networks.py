@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -93,6 +94,7 @@ class ToolScorer(nn.Module):
         self.scale = 1.0 / math.sqrt(config.hidden)
         self.pair_weight = nn.Parameter(torch.zeros(N_PAIR_FEATURES))
         self.context_weight = nn.Parameter(torch.zeros(N_CONTEXT_FEATURES))
+        self._tool_memo: tuple[Any, ...] | None = None
 
     def encode_tools(self, tool_embeddings: torch.Tensor, tool_ids: torch.Tensor | None) -> torch.Tensor:
         """Return ``(N, k)`` tool features: tower output, the two bilinear maps' images, bias."""
@@ -100,6 +102,26 @@ class ToolScorer(nn.Module):
         # request·P·tool is computed as request·(tool·Pᵀ)ᵀ: the map runs over N tools, not B states.
         mapped = [tool_embeddings @ self.request_map.weight, tool_embeddings @ self.previous_map.weight]
         return torch.cat([features, *mapped, self.tool_bias(tool_ids, features)], dim=-1)
+
+    def _tool_features(self, tool_embeddings: torch.Tensor, tool_ids: torch.Tensor | None) -> torch.Tensor:
+        """Return :meth:`encode_tools`, reused while neither the tool table nor a weight has changed.
+
+        A live run ranks the same tools at every decision: the tool side needs computing once.
+        The memo holds only outside training, autograd and graph capture (an export must trace
+        the tool side; inference-mode tensors keep no version counters).
+        """
+        if (self.training or torch.is_grad_enabled() or torch.is_inference_mode_enabled()
+                or torch.compiler.is_compiling() or torch.jit.is_tracing()):
+            return self.encode_tools(tool_embeddings, tool_ids)
+        # Every in-place change (an optimiser step, Polyak, load_state_dict) bumps a version;
+        # moving the module (``.to``, ``.data =``) changes the storage.
+        versions = (tool_embeddings._version, *((p._version, p.data_ptr()) for p in self.parameters()))
+        memo = self._tool_memo
+        if memo is not None and memo[0] is tool_embeddings and memo[1] is tool_ids and memo[2] == versions:
+            return memo[3]
+        features = self.encode_tools(tool_embeddings, tool_ids)
+        self._tool_memo = (tool_embeddings, tool_ids, versions, features)
+        return features
 
     def tool_bias(self, tool_ids: torch.Tensor | None, features: torch.Tensor) -> torch.Tensor:
         """Return the per-tool score offsets shaped like ``features[..., :1]`` (0 for unknown tools)."""
@@ -142,7 +164,7 @@ class ToolScorer(nn.Module):
         # Scoring the whole table and keeping each state's columns is cheaper while the table is
         # small next to the candidates; with thousands of tools, score the candidates alone.
         if candidates is None or tool_embeddings.shape[0] <= DENSE_TABLE_FACTOR * candidates.shape[1]:
-            scores = self.encode_states(states) @ self.encode_tools(tool_embeddings, tool_ids).T
+            scores = self.encode_states(states) @ self._tool_features(tool_embeddings, tool_ids).T
             similarity = self._request(states).float() @ tool_embeddings.float().T
             if candidates is not None:
                 scores, similarity = scores.gather(1, candidates), similarity.gather(1, candidates)

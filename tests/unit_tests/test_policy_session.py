@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from evoharness_agent.encoding.embedder import StateEncoder
-from evoharness_agent.policy import ToolPolicy
+from evoharness_agent.policy import TOOL_TABLES_KEPT, ToolPolicy
 from evoharness_agent.schema import FINISH, Step, ToolSpec
 
 TOOLS = [ToolSpec(name="search_web", description="Search the web"),
@@ -61,3 +61,25 @@ def test_available_names_must_be_tools_of_the_session(policy: ToolPolicy) -> Non
         session.rank(available="calculator")
     session.tools.append(ToolSpec(name="convert_units"))  # a tool added to the run later
     assert "convert_units" in {r.tool for r in session.rank(available={"convert_units"})}
+
+
+def test_a_session_embeds_each_request_with_its_clauses_and_ranks_on_one_tool_table(encoder: StateEncoder) -> None:
+    policy = ToolPolicy.load(encoder=encoder, device="cpu")
+    task = "Find the cheapest flight to Oslo, then book it and email me the receipt"
+    session = policy.session(task, TOOLS)
+    session.rank()
+    tables = list(policy._tool_tables.values())
+    encoded = encoder.n_encoded
+    session.observe(Step(tool="search_web", arguments={"q": "flights Oslo"}, observation="SK 4411, 89 EUR"))
+    session.observe(Step(kind="user", content="Actually make it Bergen, and add a hotel"))
+    assert encoder.n_encoded > encoded + 2  # the reply, and the request with its clauses
+    encoded = encoder.n_encoded
+    ranked = session.rank()
+    assert encoder.n_encoded == encoded  # rank embeds nothing new: observe did it in one call
+    assert list(policy._tool_tables.values()) == tables  # the same tensors: the scorer reuses its tool side
+    fresh = ToolPolicy.load(encoder=encoder, device="cpu").rank(task, session.history, TOOLS)
+    assert [r.tool for r in ranked] == [r.tool for r in fresh]
+    np.testing.assert_allclose([r.score for r in ranked], [r.score for r in fresh], rtol=1e-5)
+    for i in range(TOOL_TABLES_KEPT + 1):  # a bounded number of tool sets stays embedded
+        policy.rank(task, [], [*TOOLS, ToolSpec(name=f"extra_{i}", description=f"Extra tool {i}")])
+    assert len(policy._tool_tables) == TOOL_TABLES_KEPT

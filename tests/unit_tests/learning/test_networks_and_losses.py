@@ -112,6 +112,33 @@ def test_untrained_scorer_ranks_by_request_similarity() -> None:
 # --------------------------------------------------------------------------- losses
 
 
+def test_inference_reuses_the_tool_side_until_the_table_or_a_weight_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    scorer = ToolScorer(STATE_DIM, TOOL_DIM, N_TOOLS, NET).eval()
+    calls = []
+    encode_tools = scorer.encode_tools
+    monkeypatch.setattr(scorer, "encode_tools", lambda *args: calls.append(1) or encode_tools(*args))
+    states, tools, ids = torch.randn(3, STATE_DIM), unit_rows(N_TOOLS, TOOL_DIM, 1), torch.arange(N_TOOLS)
+    with torch.no_grad():
+        first = scorer(states, tools, ids)
+        assert torch.equal(scorer(states, tools, ids), first) and len(calls) == 1  # reused
+        scorer(states, tools.clone(), ids)  # another table
+        scorer(states, tools, ids)
+        assert len(calls) == 3
+        scorer.tool_tower[0].weight.add_(0.0)  # any in-place write to a weight (optimiser, Polyak, load)
+        scorer(states, tools, ids)
+        assert len(calls) == 4
+        tools.mul_(-1.0)  # the table itself edited in place
+        assert not torch.allclose(scorer(states, tools, ids), first) and len(calls) == 5
+    scorer(states, tools, ids)  # autograd on: always computed
+    scorer.train()
+    with torch.no_grad():
+        scorer(states, tools, ids)
+    with torch.inference_mode():
+        scorer(states, tools, ids)
+    assert len(calls) == 8
+
+
 def test_bc_loss_is_masked_cross_entropy() -> None:
     logits = torch.tensor([[1.0, 2.0, 3.0], [0.5, -1.0, 4.0]])
     mask = torch.tensor([[True, True, False], [True, True, True]])
