@@ -151,15 +151,21 @@ class TransitionDataset:
         Padding entries are masked, point at row 0 and have all-zero features.
         """
         t = self.tensors
-        owner, slot, entry, counts = self._entries(index)
+        offsets, tools, values = t["pair_offsets"], t["pair_tools"], t["pair_values"]
+        starts = offsets.index_select(0, index)
+        counts = offsets.index_select(0, index + 1) - starts
         width = max(int(counts.max()) if counts.numel() else 0, 1)
-        rows = torch.zeros((index.shape[0], width), dtype=torch.long, device=index.device)
-        mask = torch.zeros((index.shape[0], width), dtype=torch.bool, device=index.device)
-        pairs = torch.zeros((index.shape[0], width, N_PAIR_FEATURES), device=t["pair_values"].device)
-        rows[owner, slot] = t["pair_tools"].index_select(0, entry)
-        mask[owner, slot] = True
-        pairs[owner, slot] = t["pair_values"].index_select(0, entry)
-        return rows, mask, pairs
+        slot = torch.arange(width, device=index.device)
+        mask = slot[None, :] < counts[:, None]
+        if tools.numel() == 0:  # no stored rows at all: every entry is padding
+            zeros = torch.zeros((index.shape[0], width), dtype=torch.long, device=index.device)
+            return zeros, mask, torch.zeros((*zeros.shape, N_PAIR_FEATURES), device=values.device)
+        # One gather of B x width entries (padding reads entry 0, then is cleared), not a scatter
+        # of a ragged list: the sampler's hot path.
+        entry = torch.where(mask, starts[:, None] + slot[None, :], 0).reshape(-1)
+        rows = torch.where(mask, tools.index_select(0, entry).view_as(mask), 0)
+        pairs = values.index_select(0, entry).view(*mask.shape, N_PAIR_FEATURES)
+        return rows, mask, pairs.mul_(mask[..., None])  # stored features are finite: x * 0 == 0
 
     def masks(self, index: torch.Tensor) -> torch.Tensor:
         """Return the dense ``(len(index), N)`` masks of the tools available at the transitions at ``index``.
