@@ -236,6 +236,7 @@ class StateParts:
         for tool, open_, arguments in zip(tools, is_open, missing, strict=True):
             for argument in arguments if open_ and tool.name != FINISH else ():
                 wanted.setdefault(_subject_words(argument), []).append((tool.name, argument))
+        wanted_by_word = _index_by_first_word(wanted)
         out = []
         coverage = coverage if coverage is not None else [0.0] * len(tools)
         for tool, tool_ids, tool_missing, served in zip(tools, ids, missing, coverage, strict=True):
@@ -250,7 +251,7 @@ class StateParts:
                 min(self.calls_in_turn[name], 5) / 5.0,
                 _named_in(name, request),
                 len(tool_missing) / max(len(tool_ids), 1),
-                0.0 if tool_missing else _provides(tool, tool_ids, wanted),
+                0.0 if tool_missing else _provides(tool, tool_ids, wanted_by_word),
                 0.0 if name == FINISH else float(served),
                 float(available is None or name in available or name == FINISH),
                 float(name == FINISH),
@@ -322,25 +323,48 @@ def _tool_words(name: str, description: str) -> frozenset[str]:
     return frozenset(words | {w[:5] for w in words if len(w) >= 5})
 
 
-def _provides(tool: ToolSpec, ids: Sequence[str], wanted: Mapping[tuple[str, ...], Sequence[tuple[str, str]]]) -> float:
+_Needers = Sequence[tuple[str, str]]
+"""The ``(tool, argument)`` pairs of the open tools that need one kind of identifier."""
+_SubjectIndex = Mapping[str, Sequence[tuple[tuple[str, ...], _Needers]]]
+
+
+def _index_by_first_word(wanted: Mapping[tuple[str, ...], _Needers]) -> _SubjectIndex:
+    """Index ``wanted`` (subject words -> needers) by each subject's first word and its 5-letter stem.
+
+    An empty subject is filed under "".
+
+    A tool can speak of a subject only if it has the first word or its stem: with hundreds of
+    tools needing identifiers, each tool then checks a few subjects, not all of them.
+    """
+    index: dict[str, list[tuple[tuple[str, ...], _Needers]]] = {}
+    for subject, needers in wanted.items():
+        keys = {subject[0], subject[0][:5]} if subject else {""}
+        for key in keys:
+            index.setdefault(key, []).append((subject, needers))
+    return index
+
+
+def _provides(tool: ToolSpec, ids: Sequence[str], wanted_by_word: _SubjectIndex) -> float:
     """Return 1 when the tool is named for an identifier another open tool needs and does not need it itself.
 
     Called only for a tool that can be called now (none of its own identifiers is missing).
 
-    ``ids`` are the tool's own required identifiers (:func:`_id_args`). ``wanted`` maps what a
-    missing identifier identifies (``("customer",)``) to the ``(tool, argument)`` pairs of the
-    open tools that need it. A tool whose name or description speaks of
-    that subject (``find_customer`` for ``customer_id``), and that does not itself require the
-    argument, is likely where it comes from.
+    ``ids`` are the tool's own required identifiers (:func:`_id_args`). ``wanted_by_word`` is
+    :func:`_index_by_first_word` of the subjects that open tools' missing identifiers identify.
+    A tool whose name or description speaks of that subject (``find_customer`` for
+    ``customer_id``), and that does not itself require the argument, is likely where it comes from.
     """
-    if tool.name == FINISH or not wanted:
+    if tool.name == FINISH or not wanted_by_word:
         return 0.0
     own = set(ids)
     words = _tool_words(tool.name, tool.description or "")
-    for subject, needers in wanted.items():
-        if (all(w in words or w[:5] in words for w in subject)
-                and any(needer != tool.name and argument not in own for needer, argument in needers)):
-            return 1.0
+    # Look up the tool's words when there are fewer of them than filed subjects; else scan those.
+    keys = (*words, "") if len(words) < len(wanted_by_word) else wanted_by_word
+    for key in keys:
+        for subject, needers in wanted_by_word.get(key, ()):
+            if (all(w in words or w[:5] in words for w in subject)
+                    and any(needer != tool.name and argument not in own for needer, argument in needers)):
+                return 1.0
     return 0.0
 
 
