@@ -174,6 +174,24 @@ def test_pair_features_see_the_prerequisite_of_a_missing_identifier() -> None:
     assert [row[provides] for row in after] == [0.0] * 4  # the id is known now
 
 
+def test_the_prerequisite_is_found_among_many_kinds_of_identifier() -> None:
+    # More kinds of missing identifier than a tool has words: provides_missing looks the
+    # tool's words up instead of scanning every kind, with the same answers.
+    subjects = ["customer", "invoice", "shipment", "warehouse", "payroll", "ticket", "sensor", "campaign",
+                "sample", "vendor", "contract", "project", "account", "device", "order", "booking", "patient",
+                "course", "listing", "policy", "claim", "session", "profile", "report", "folder"]
+    needers = [ToolSpec(name=f"get_{subject}_details", description=f"Details of one {subject}.",
+                        parameters={"type": "object", "properties": {f"{subject}_id": {"type": "string"}},
+                                    "required": [f"{subject}_id"]}) for subject in subjects]
+    lookups = [ToolSpec(name="find_shipments", description="Search shipments by destination."),
+               ToolSpec(name="lookup", description="Look up a warehouse by city."),  # description speaks of it
+               ToolSpec(name="list_colours", description="Every colour we sell.")]  # speaks of none
+    provides = PAIR_FEATURES.index("provides_missing")
+    rows = state_parts("Where is my parcel?", [], 2).pair_features([*lookups, *needers])
+    assert [row[provides] for row in rows[:3]] == [1.0, 1.0, 0.0]  # "shipments" matches shipment by stem
+    assert all(row[provides] == 0.0 for row in rows[3:])  # each needs its own identifier
+
+
 def test_decisions_default_availability_is_all_tools() -> None:
     episode = multi_turn().model_copy(update={"available_at_start": None})
     assert all(p.available == {"search", "read_file", "write_file", FINISH}
