@@ -42,11 +42,12 @@ bench: venv
 	$(PY) benchmarks/train_throughput.py
 
 # Rebuild the shipped general policy and its model card: train on every domain's training split,
-# then measure transfer (leave one domain out) and the zero-shot suite, all written as JSON.
+# then measure transfer (leave one domain out), the zero-shot suite and fine-tuning, all written as JSON.
 default: venv
 	$(PY) scripts/train_default.py --json runs/default/train.json
 	$(PY) benchmarks/zero_shot.py --policy evoharness_agent/trained/default --json runs/default/zero_shot.json
 	$(PY) benchmarks/transfer.py --json runs/default/transfer.json
+	$(PY) benchmarks/fine_tune.py --json runs/default/fine_tune.json --plot runs/default/fine_tune.png
 	$(PY) scripts/model_card.py
 
 clean:

@@ -6,7 +6,9 @@ multi-turn (scenarios 0 mod 5 held out, all four variants), both trained on the 
 variants), with the same config and steps, evaluated on the same held-out tasks. The default
 it starts from never saw those held-out tasks (``scripts/train_default.py`` leaves them out).
 Reported side by side: top-1 over tool calls (FINISH excluded, as ``evaluate`` does) and
-the live top-1 over every decision with FINISH among the candidates.
+the live top-1 over every decision with FINISH among the candidates; and, for those live
+decisions, the calibration on the held-out tasks (expected calibration error and coverage at
+95% accuracy of the reported probability).
 
 Usage: python benchmarks/fine_tune.py [--domains tau2_retail,bfcl] [--sizes 10,25,50,all]
        [--steps 1500] [--init default] [--json runs/fine_tune.json] [--plot runs/fine_tune.png]
@@ -56,12 +58,13 @@ def first_tasks(episodes: list[Episode], n: int | None, seed: int) -> list[Episo
 
 def measure(train: list[Episode], test: list[Episode], init: str | None, steps: int, out: Path,
             encoder: StateEncoder) -> dict[str, float]:
-    """Train (from ``init`` or from scratch) and return top-1 and live top-1 on ``test``."""
+    """Train (from ``init`` or from scratch) and return top-1, live top-1 and calibration on ``test``."""
     config = TrainConfig.model_validate({"training": {"steps": steps}, "logging": {"tensorboard": False}})
     train_on_episodes(train, config, out, encoder=encoder, init=init, show_progress=False)
     report = evaluate_offline(ToolPolicy.load(out, encoder=encoder), test, train, encoder=encoder)
     return {"top1": report.metrics["policy"]["top1"], "top3": report.metrics["policy"]["top3"],
             "live_top1": report.calibration.accuracy,
+            "ece": report.calibration.ece, "coverage_at_95": report.calibration.coverage_at_95,
             "embedding_similarity_top1": report.metrics["embedding_similarity"]["top1"],
             "bigram_top1": report.metrics["bigram"]["top1"]}
 
@@ -127,6 +130,13 @@ def main() -> None:
                           f"{row['default']['top1']:.3f} / {row['default']['live_top1']:.3f}",
                           f"{row['scratch']['embedding_similarity_top1']:.3f}")
         console.print(table)
+        calibration = Table(title=f"{domain}: calibration on the held-out tasks, ECE / coverage at 95% accuracy")
+        for column in ("training tasks", "scratch", "from default"):
+            calibration.add_column(column, justify="right")
+        for row in rows:
+            calibration.add_row(str(row["n_tasks"]), *(f"{row[start]['ece']:.3f} / {row[start]['coverage_at_95']:.3f}"
+                                                      for start in ("scratch", "default")))
+        console.print(calibration)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))

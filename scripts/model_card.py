@@ -5,11 +5,13 @@ Inputs (each written by the command named; a missing one is reported as "not mea
 * ``--train``: ``scripts/train_default.py --json`` (data, algorithm, training time, hardware);
 * ``--transfer``: ``benchmarks/transfer.py --json`` (leave one domain out);
 * ``--zero-shot``: ``benchmarks/zero_shot.py --json`` (the zero-shot agent suite);
+* ``--fine-tune``: ``benchmarks/fine_tune.py --json`` (fine-tuning from the default vs from scratch);
 * the policy directory itself (``policy.json``: sizes, calibration; ``policy.safetensors``: size).
 
 Usage: python scripts/model_card.py [--policy evoharness_agent/trained/default]
        [--train runs/default/train.json]
        [--transfer runs/default/transfer.json] [--zero-shot runs/default/zero_shot.json]
+       [--fine-tune runs/default/fine_tune.json]
 """
 
 from __future__ import annotations
@@ -109,6 +111,41 @@ def _transfer(transfer: dict[str, Any] | None) -> list[str]:
         lines.append(f"| {domain} | {result['n_decisions']} | {policy:.3f} | {similarity:.3f} | "
                      f"{policy - similarity:+.3f} | {metrics['bigram']['top1']:.3f} | "
                      f"{result['finish_accuracy']:.3f} |")
+    lines += ["", "Calibration on the left-out domain: every live decision (FINISH among the candidates), "
+              "with the temperature fit on the training domains' validation episodes.", "",
+              "| left out | live decisions | accuracy | mean confidence | ECE | coverage at 95% accuracy |",
+              "|---|---|---|---|---|---|"]
+    lines += [_calibration_row(domain, result["calibration"]) for domain, result in transfer["results"].items()]
+    return lines
+
+
+def _calibration_row(label: str, calibration: dict[str, Any]) -> str:
+    """Return one table row of a held-out calibration report (``CalibrationReport.to_json``)."""
+    return (f"| {label} | {calibration['n_decisions']} | {calibration['accuracy']:.3f} | "
+            f"{calibration['mean_confidence']:.3f} | {calibration['ece']:.3f} | {calibration['coverage_at_95']:.3f} |")
+
+
+def _fine_tune(fine_tune: dict[str, Any] | None) -> list[str]:
+    """Return the fine-tuning table: from scratch vs from the default, on the held-out tasks."""
+    lines = ["", "## Fine-tuning: from the default vs from scratch", ""]
+    if fine_tune is None:
+        return [*lines, "Not measured (run `benchmarks/fine_tune.py --json`)."]
+    lines.append("Trained on the first N training tasks of a domain (same config and steps), evaluated on its "
+                 "held-out tasks, which the default never saw: top-1 over tool calls (FINISH excluded), live "
+                 "top-1 (FINISH among the candidates), and the live decisions' ECE and coverage at 95% accuracy.")
+    lines.append("")
+    lines.append("| domain | training tasks | start | top-1 | top-3 | live top-1 | ECE | coverage at 95% | "
+                 "embedding similarity |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for domain, rows in fine_tune.items():
+        for row in rows:
+            for start in ("scratch", "default"):
+                result = row[start]
+                calibration = (f"{result['ece']:.3f} | {result['coverage_at_95']:.3f}" if "ece" in result
+                               else "not measured | not measured")
+                lines.append(f"| {domain} | {row['n_tasks']} | {start} | {result['top1']:.3f} | "
+                             f"{result['top3']:.3f} | {result['live_top1']:.3f} | {calibration} | "
+                             f"{result['embedding_similarity_top1']:.3f} |")
     return lines
 
 
@@ -137,6 +174,7 @@ def main() -> None:
     parser.add_argument("--train", type=Path, default=Path("runs/default/train.json"))
     parser.add_argument("--transfer", type=Path, default=Path("runs/default/transfer.json"))
     parser.add_argument("--zero-shot", type=Path, default=Path("runs/default/zero_shot.json"))
+    parser.add_argument("--fine-tune", type=Path, default=Path("runs/default/fine_tune.json"))
     args = parser.parse_args()
     meta = json.loads((args.policy / "policy.json").read_text())
     lines = ["# Model card: the shipped default policy", "",
@@ -146,6 +184,7 @@ def main() -> None:
     lines += _calibration(meta)
     lines += _transfer(_load(args.transfer))
     lines += _zero_shot(_load(args.zero_shot))
+    lines += _fine_tune(_load(args.fine_tune))
     (args.policy / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.policy / 'MODEL_CARD.md'}")
 
