@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.kit.scripts import load_script
 
 
 def _card_script():
-    spec = importlib.util.spec_from_file_location("model_card", ROOT / "scripts" / "model_card.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("model_card")
 
 
 def _calibration(ece: float, coverage: float) -> dict[str, float]:

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.kit.scripts import ROOT, load_script
 
 
 def _reference_script():
-    spec = importlib.util.spec_from_file_location("readme_reference", ROOT / "scripts" / "readme_reference.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("readme_reference")
 
 
 def test_cli_and_config_references_are_in_sync() -> None:
