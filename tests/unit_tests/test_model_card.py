@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from tests.kit.scripts import load_script
 
-
-def _card_script():
-    return load_script("model_card")
+model_card = load_script("model_card")
 
 
 def _calibration(ece: float, coverage: float) -> dict[str, float]:
@@ -17,7 +15,7 @@ def test_transfer_table_reports_each_left_out_domains_calibration() -> None:
     metrics = {"policy": {"top1": 0.41}, "embedding_similarity": {"top1": 0.38}, "bigram": {"top1": 0.06}}
     transfer = {"results": {"bfcl": {"n_decisions": 30, "metrics": metrics, "finish_accuracy": 0.67,
                                      "calibration": _calibration(0.112, 0.006)}}}
-    lines = _card_script()._transfer(transfer)
+    lines = model_card._transfer(transfer)
     assert "| bfcl | 30 | 0.410 | 0.380 | +0.030 | 0.060 | 0.670 |" in lines
     assert "| bfcl | 40 | 0.550 | 0.600 | 0.112 | 0.006 |" in lines
 
@@ -26,7 +24,7 @@ def test_fine_tune_table_has_both_starts_and_marks_runs_without_calibration() ->
     result = {"top1": 0.6, "top3": 0.8, "live_top1": 0.62, "embedding_similarity_top1": 0.2}
     fine_tune = {"tau2_retail": [{"n_tasks": 10, "scratch": result,
                                   "default": {**result, "top1": 0.7, "ece": 0.2, "coverage_at_95": 0.04}}]}
-    lines = _card_script()._fine_tune(fine_tune)
+    lines = model_card._fine_tune(fine_tune)
     assert "| tau2_retail | 10 | default | 0.700 | 0.800 | 0.620 | 0.200 | 0.040 | 0.200 |" in lines
     assert "| tau2_retail | 10 | scratch | 0.600 | 0.800 | 0.620 | not measured | not measured | 0.200 |" in lines
-    assert _card_script()._fine_tune(None)[-1] == "Not measured (run `benchmarks/fine_tune.py --json`)."
+    assert model_card._fine_tune(None)[-1] == "Not measured (run `benchmarks/fine_tune.py --json`)."
