@@ -9,7 +9,7 @@ never on the reported ones.
 
 Usage: python benchmarks/transfer.py [--leave-out bfcl,tau_retail,tau2_airline,metatool]
        [--algo cql] [--steps 2000] [--distractors 8] [--answer-only-share 0.0] [--composed-share 0.5]
-       [--tool-bias] [--set model.hidden=32]
+       [--tool-bias] [--prerequisite-penalty 3] [--prerequisite-finish-penalty 3] [--set model.hidden=32]
        [--json runs/transfer.json]
 """
 
@@ -51,7 +51,8 @@ def config_for(args: argparse.Namespace) -> TrainConfig:
     """Return the training config the flags describe."""
     raw: dict[str, Any] = {
         "algorithm": {"name": args.algo},
-        "model": {"tool_bias": args.tool_bias},
+        "model": {"tool_bias": args.tool_bias, "prerequisite_penalty": args.prerequisite_penalty,
+                  "prerequisite_finish_penalty": args.prerequisite_finish_penalty},
         "data": {"distractors": args.distractors, "val_fraction": 0.05, "answer_only_share": args.answer_only_share,
                  "composed_share": args.composed_share},
         "training": {"steps": args.steps, "seed": args.seed},
@@ -90,6 +91,10 @@ def main() -> None:
     parser.add_argument("--composed-share", type=float, default=0.5,
                         help="share of the one-call episodes joined into two-part requests")
     parser.add_argument("--tool-bias", action="store_true", help="learn per-tool biases (they do not transfer)")
+    parser.add_argument("--prerequisite-penalty", type=float, default=3.0,
+                        help="the default's prerequisite rule for tools (model.prerequisite_penalty)")
+    parser.add_argument("--prerequisite-finish-penalty", type=float, default=3.0,
+                        help="the rule for FINISH (model.prerequisite_finish_penalty)")
     parser.add_argument("--set", action="append", default=[], help="section.key=value config override")
     parser.add_argument("--out", type=Path, default=Path("runs/transfer"))
     parser.add_argument("--json", type=Path, default=None)

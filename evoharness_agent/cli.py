@@ -73,7 +73,7 @@ class _ManyValuesCommand(typer.core.TyperCommand):
     next one that starts with ``-``, is another value.
     """
 
-    many_values = frozenset({"--data", "--baseline-data"})
+    many_values = frozenset({"--data", "--baseline-data", "--calibration-data"})
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         """Repeat a many-valued flag before each of its values, then parse as usual.
@@ -404,13 +404,18 @@ def export(
     data: Annotated[list[Path] | None, typer.Option(
         "--data", help="Held-out logs the parity with torch is measured on (default: the bundled BFCL "
                        "held-out scenarios).")] = None,
-    log_format: Annotated[Format, typer.Option("--format", help="Log format of --data.")] = Format.auto,
+    calibration_data: Annotated[list[Path] | None, typer.Option(
+        "--calibration-data", help="With --int8: logs the temperature is fit again on, with the INT8 encoder's "
+                                   "own embeddings (default: the policy's validation split, when it was trained "
+                                   "on a bundled training set).")] = None,
+    log_format: Annotated[Format, typer.Option("--format", help="Log format of --data and --calibration-data.")
+                          ] = Format.auto,
     threads: Annotated[int | None, typer.Option(help="onnxruntime threads for the parity check.")] = None,
 ) -> None:
     """Export the scorer and the sentence encoder as ONNX (optionally INT8); measure and record parity with torch."""
     try:
-        from evoharness_agent.evaluation.parity import backend_parity
-        from evoharness_agent.inference.onnx_export import export_policy, record_parity
+        from evoharness_agent.evaluation.parity import backend_calibration, backend_parity
+        from evoharness_agent.inference.onnx_export import export_policy, record_calibration, record_parity
         from evoharness_agent.policy import ToolPolicy
     except ImportError as error:
         raise _fail(f"{error}: export needs the onnx extra: pip install 'evoharness-agent[onnx]'") from error
@@ -420,9 +425,21 @@ def export(
         reference = ToolPolicy.load(policy, device="cpu")  # a bad directory fails here, with its reason
         episodes = (_load(data, log_format.value, False) if data
                     else split_bfcl(read_native(bfcl_paths(["base"])[0]))[1])
+        calibration_episodes = _calibration_episodes(reference.meta, calibration_data, log_format.value) if int8 else []
     except (ValueError, FileNotFoundError, OSError, LogFormatError) as error:
         raise _fail(str(error)) from error
     section = export_policy(policy, out, int8=int8)
+    if calibration_episodes:
+        # INT8 moves the embeddings: the reported probabilities keep their meaning only with a
+        # temperature fit on the scores this export computes.
+        calibration = backend_calibration(ToolPolicy.load(out, backend="onnx", threads=threads), calibration_episodes)
+        record_calibration(out, calibration)
+        console.print(f"temperature fit on the INT8 encoder's scores of {calibration['n_decisions']} decisions: "
+                      f"{reference.temperature:.3f} -> {calibration['temperature']:.3f} (ECE "
+                      f"{calibration['ece_before']:.3f} -> {calibration['ece_after']:.3f})", highlight=False)
+    elif int8:
+        console.print("[yellow]the temperature stays the torch fp32 one: give --calibration-data to fit it on the "
+                      "INT8 encoder's scores[/]")
     parity = backend_parity(reference, ToolPolicy.load(out, backend="onnx", threads=threads), episodes)
     source = [str(path) for path in data] if data else "bundled BFCL base, held-out scenarios"
     record_parity(out, {**parity.as_dict(), "data": source})
@@ -432,6 +449,21 @@ def export(
                   f"{parity.candidate_accuracy:.4f} onnx); embedding cosine mean {parity.embedding_cosine_mean:.4f}, "
                   f"min {parity.embedding_cosine_min:.4f} over {parity.n_texts} texts. Recorded in policy.json.",
                   highlight=False)
+
+
+def _calibration_episodes(meta: dict[str, Any], paths: Sequence[Path] | None, log_format: str) -> list:
+    """Return the episodes an INT8 export fits its temperature on: ``paths``, else the policy's validation split."""
+    if paths:
+        return _load(paths, log_format, False)
+    config = meta.get("config") or {}
+    bundled = (config.get("data") or {}).get("bundled")
+    if bundled is None:
+        return []
+    from evoharness_agent.learning.config import TrainConfig
+    from evoharness_agent.learning.trainer import validation_episodes
+    from evoharness_agent.logs.bundled import training_set
+
+    return validation_episodes(training_set(bundled), TrainConfig.model_validate(config))
 
 
 @app.command()

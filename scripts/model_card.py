@@ -66,6 +66,12 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path)
                  f"a share {composed} of the one-call episodes joined in pairs into two-part requests, "
                  f"per-tool bias {'on' if config.get('model', {}).get('tool_bias') else 'off'}, "
                  f"{training.get('steps')} steps of batch {training.get('batch_size')}.")
+    network = meta["network"]
+    if "prerequisite_penalty" in network:
+        lines.append(f"- Decision rule (when it acts, not learned): a tool waiting for a prerequisite lookup loses "
+                     f"{network['prerequisite_penalty']}, answering while that would leave the lookup chain half "
+                     f"done loses {network.get('prerequisite_finish_penalty', 0.0)} "
+                     "(`learning/networks.py`, `waiting_for_prerequisite`, `answer_waits`).")
     hardware = train.get("hardware", {})
     lines.append(f"- Training time: {train.get('seconds', 0):.0f} s on {hardware.get('device', '?')} "
                  f"({hardware.get('cpu_count', '?')} CPU cores, torch {hardware.get('torch', '?')}; wall time, "
@@ -156,14 +162,17 @@ def _zero_shot(zero_shot: dict[str, Any] | None) -> list[str]:
         return [*lines, "Not measured (run `benchmarks/zero_shot.py --json`)."]
     suite = zero_shot["suite"]
     lines.append(f"{len(suite['toolsets'])} invented toolsets, {suite['n_tasks']} tasks, {suite['n_decisions']} "
-                 "decisions, gold history, FINISH among the candidates.")
+                 "decisions, gold history, FINISH among the candidates. Tool accuracy: over the decisions whose "
+                 "gold is a tool, the best-ranked tool with FINISH left out (the choice of tool, apart from when "
+                 "to answer).")
     lines.append("")
-    lines.append("| chooser | step accuracy | task exact | repeats a call that just worked |")
-    lines.append("|---|---|---|---|")
+    lines.append("| chooser | step accuracy | tool accuracy | task exact | repeats a call that just worked |")
+    lines.append("|---|---|---|---|---|")
     for name, report in zero_shot["reports"].items():
         overall = report["overall"]
-        lines.append(f"| {name} | {overall['step_accuracy']:.3f} | {overall['task_exact']:.3f} | "
-                     f"{overall['repeat_rate']:.3f} |")
+        tool = overall.get("tool_accuracy")  # absent from JSON written before it was measured
+        lines.append(f"| {name} | {overall['step_accuracy']:.3f} | {'not measured' if tool is None else f'{tool:.3f}'} "
+                     f"| {overall['task_exact']:.3f} | {overall['repeat_rate']:.3f} |")
     return lines
 
 

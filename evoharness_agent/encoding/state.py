@@ -47,6 +47,8 @@ __all__ = [
     "AVAILABLE",
     "CALLED_IN_TURN",
     "IS_FINISH",
+    "JUST_UNBLOCKED",
+    "MISSING_IDS",
     "NAMED_IN_REQUEST",
     "PAIR_FEATURES",
     "PROVIDES_MISSING",
@@ -85,8 +87,9 @@ PAIR_FEATURES = (
     "failed_in_turn",      # a call of it failed since the latest user message
     "calls_in_turn",       # how often it was called in this turn (scaled, capped)
     "named_in_request",    # the request names it (its name, or the words of its name)
-    "missing_ids",         # share of its required identifier arguments nothing so far has given
+    "missing_ids",         # share of its required identifier arguments nothing gave yet (by name; users by value)
     "provides_missing",    # it is named for an identifier another available tool needs and nothing gave yet
+    "just_unblocked",      # the call just made gave the last of its required identifiers (missing before it)
     "serves_open_part",    # how much better it matches some part of the request than any tool called in this turn
     "available",           # it may be called now (the scorer compares a tool with the others available)
     "is_finish",           # it is FINISH, "answer now"
@@ -97,9 +100,11 @@ AVAILABLE = PAIR_FEATURES.index("available")
 IS_FINISH = PAIR_FEATURES.index("is_finish")
 CALLED_IN_TURN = PAIR_FEATURES.index("called_in_turn")
 PROVIDES_MISSING = PAIR_FEATURES.index("provides_missing")
+MISSING_IDS = PAIR_FEATURES.index("missing_ids")
+JUST_UNBLOCKED = PAIR_FEATURES.index("just_unblocked")
 NAMED_IN_REQUEST = PAIR_FEATURES.index("named_in_request")
 SERVES_OPEN_PART = PAIR_FEATURES.index("serves_open_part")
-STATE_LAYOUT_VERSION = 5
+STATE_LAYOUT_VERSION = 6
 """Stored in policy metadata: a policy trained on another layout must be retrained, not misread."""
 PAD = 0
 """Row 0 of every text table is the zero vector: an empty slot."""
@@ -208,6 +213,10 @@ class StateParts:
     """(tool, failed) when the step right before this decision is a tool call."""
     known_text: str = ""
     """Lower-cased request, arguments and observations so far: what the agent already knows."""
+    user_gave_identifier: bool = False
+    """Whether the user's messages hold an identifier-like value (``#W2890441``, ``ORD-88213``)."""
+    known_before_last_call: str | None = None
+    """:attr:`known_text` without the call right before this decision, when that call worked."""
 
     def slot_texts(self, tool_text: Callable[[str], str]) -> list[str | None]:
         """Return the text of each slot in order (``None`` for an empty one), history unpadded.
@@ -231,7 +240,9 @@ class StateParts:
         just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
         is_open = [available is None or tool.name in available for tool in tools]
         ids = [_id_args(tool) for tool in tools]
-        missing = [_missing_id_args(tool_ids, self.known_text) for tool_ids in ids]
+        # Users give identifiers as values ("Return order #W6067464"), not by argument name: once
+        # they did, which argument a value fills is unknown, so no identifier counts as missing.
+        missing = [[] if self.user_gave_identifier else _missing_id_args(tool_ids, self.known_text) for tool_ids in ids]
         wanted: dict[tuple[str, ...], list[tuple[str, str]]] = {}
         for tool, open_, arguments in zip(tools, is_open, missing, strict=True):
             for argument in arguments if open_ and tool.name != FINISH else ():
@@ -239,9 +250,12 @@ class StateParts:
         wanted_by_word = _index_by_first_word(wanted)
         out = []
         coverage = coverage if coverage is not None else [0.0] * len(tools)
+        before = self.known_before_last_call if not self.user_gave_identifier else None
         for tool, tool_ids, tool_missing, served in zip(tools, ids, missing, coverage, strict=True):
             name = tool.name
             just = name == just_called
+            unblocked = bool(tool_ids and not tool_missing and before is not None
+                             and _missing_id_args(tool_ids, before))
             out.append([
                 float(name in self.calls_in_turn),
                 float(name in self.called_before),
@@ -252,6 +266,7 @@ class StateParts:
                 _named_in(name, request),
                 len(tool_missing) / max(len(tool_ids), 1),
                 0.0 if tool_missing else _provides(tool, tool_ids, wanted_by_word),
+                float(unblocked),
                 0.0 if name == FINISH else float(served),
                 float(available is None or name in available or name == FINISH),
                 float(name == FINISH),
@@ -300,9 +315,23 @@ def _id_args(tool: ToolSpec) -> list[str]:
 
 
 def _missing_id_args(ids: Sequence[str], known_text: str) -> list[str]:
-    """Return the identifier arguments of ``ids`` (a tool's :func:`_id_args`) that ``known_text`` does not mention."""
-    return [arg for arg in ids
-            if arg.lower() not in known_text and arg.lower().replace("_", " ") not in known_text]
+    """Return the identifier arguments of ``ids`` (a tool's :func:`_id_args`) that ``known_text`` does not mention.
+
+    An argument is mentioned by its name, with spaces for underscores, or in the singular
+    (``item_ids`` by an observation's ``"item_id"`` keys).
+    """
+    out = []
+    for arg in ids:
+        name = arg.lower()
+        forms = {name, name.replace("_", " "), name.removesuffix("s"), name.removesuffix("s").replace("_", " ")}
+        if not any(form in known_text for form in forms):
+            out.append(arg)
+    return out
+
+
+_IDENTIFIER_VALUE = re.compile(r"#\w+|\b(?=[\w-]*\d)(?=[\w-]*[a-zA-Z])[\w-]{5,}\b|\b\d{6,}\b")
+"""A token that looks like an identifier: ``#W2890441``, letters with digits (``ORD-88213``,
+``EHGLP3``, ``mia_li_3668``), or six digits or more; not ``5pm``, ``Q3`` or a date."""
 
 
 _ID_WORDS = frozenset({"id", "ids", "uuid"})
@@ -384,10 +413,12 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     counts: Counter[str] = Counter()
     failed: set[str] = set()
     known = [task]
+    said_by_user = [task]
     for step in prefix:
         if step.kind == "user":
             request, calls_since_request, counts, failed = step.content, 0, Counter(), set()
             known.append(step.content)
+            said_by_user.append(step.content)
             continue
         history.append(step_text(step))
         if step.kind == "tool_call" and step.tool:
@@ -402,8 +433,11 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     last = prefix[-1] if prefix else None
     last_call = (last.tool, last.error) if last is not None and last.kind == "tool_call" and last.tool else None
     features = [min(calls_since_request, 20) / 10.0, last_error]
+    gave_identifier = any(_IDENTIFIER_VALUE.search(text) for text in said_by_user)
+    # The call just made added its arguments and observation last.
+    known_before = "\n".join(known[:-2]).lower() if last_call is not None and not last_call[1] else None
     return StateParts(task, request, history[::-1][:history_window], features, previous_tool, before,
-                      counts, failed, last_call, "\n".join(known).lower())
+                      counts, failed, last_call, "\n".join(known).lower(), gave_identifier, known_before)
 
 
 def decisions(episode: Episode, history_window: int) -> list[Decision]:

@@ -18,6 +18,8 @@ asks a chooser (any :class:`~evoharness_agent.evaluation.choosers.Chooser`, or a
 plus FINISH, as live, and takes its top choice. :class:`ZeroShotReport` holds:
 
 * step accuracy: top-1 correct over all decisions;
+* tool accuracy: over the decisions whose gold is a tool, the best-ranked tool (FINISH left
+  out, as ``evaluate``'s top-1) is it: the choice of tool, apart from when to answer;
 * task exact match: every decision of the task right;
 * repeat rate: over the decisions right after a successful call, how often the top choice
   is that same tool again (the loop failure mode; no gold path repeats a successful call
@@ -533,6 +535,8 @@ class ZeroShotDecision:
     """The top choice (``None`` for an expectation, which chooses nothing)."""
     correct: float
     """1.0 or 0.0 (or, for an expectation, the probability of being right)."""
+    tool_correct: float | None
+    """When the gold is a tool: whether the best-ranked tool, FINISH left out, is it; ``None`` else."""
     repeat: float | None
     """After a successful call: whether the top choice is that tool again; ``None`` elsewhere."""
 
@@ -542,6 +546,8 @@ class ZeroShotScores:
     """The suite's metrics over some tasks (all, or one toolset's)."""
 
     step_accuracy: float
+    tool_accuracy: float | None
+    """Over the decisions whose gold is a tool (``None`` when there is none)."""
     task_exact: float
     repeat_rate: float | None
     """``None`` when no decision followed a successful call."""
@@ -582,8 +588,10 @@ def _score(decisions: Sequence[ZeroShotDecision]) -> ZeroShotScores:
     for decision in decisions:
         by_task.setdefault(decision.task_id, []).append(decision.correct)
     repeats = [decision.repeat for decision in decisions if decision.repeat is not None]
+    tools = [decision.tool_correct for decision in decisions if decision.tool_correct is not None]
     return ZeroShotScores(
         step_accuracy=sum(d.correct for d in decisions) / max(len(decisions), 1),
+        tool_accuracy=sum(tools) / len(tools) if tools else None,
         # The product is "all right" for 0/1 outcomes and its probability for an expectation.
         task_exact=sum(math.prod(hits) for hits in by_task.values()) / max(len(by_task), 1),
         repeat_rate=sum(repeats) / len(repeats) if repeats else None,
@@ -624,10 +632,12 @@ def evaluate_zero_shot(chooser_or_policy: Chooser | ToolPolicy, tasks: Sequence[
             if step.is_decision:
                 ranked = session.rank(frozenset(available))
                 chosen = ranked[0] if ranked else FINISH
+                best_tool = next((action for action in ranked if action != FINISH), None)
                 previous = _after_success(task.steps, index)
                 decisions.append(ZeroShotDecision(
                     task_id=task.id, toolset=_toolset(task), step=index, gold=step.action, chosen=chosen,
                     correct=float(chosen == step.action),
+                    tool_correct=None if step.action == FINISH else float(best_tool == step.action),
                     repeat=None if previous is None else float(chosen == previous)))
             session.observe(step)
     return _report(name or chooser.name, decisions)
@@ -643,9 +653,11 @@ def random_expectation(tasks: Sequence[Episode] = ZERO_SHOT_TASKS, *,
                 continue
             chance = 1.0 / len(_candidates(available))
             previous = _after_success(task.steps, index)
+            tool_chance = 1.0 / len(available) if step.action in available else 0.0
             decisions.append(ZeroShotDecision(
                 task_id=task.id, toolset=_toolset(task), step=index, gold=step.action, chosen=None,
                 correct=chance if step.action in _candidates(available) else 0.0,
+                tool_correct=None if step.action == FINISH else tool_chance,
                 repeat=None if previous is None else (chance if previous in available else 0.0)))
     return _report(name, decisions)
 
@@ -673,7 +685,7 @@ def print_zero_shot(reports: Sequence[ZeroShotReport], console: Console | None =
     for column in ("toolset", "chooser"):
         table.add_column(column, overflow="fold")
     # Numbers never fold or get cut: a narrow terminal folds the names instead.
-    for column in ("tasks", "decisions", "step acc", "task exact", "repeat"):
+    for column in ("tasks", "decisions", "step acc", "tool acc", "task exact", "repeat"):
         table.add_column(column, justify="right", no_wrap=True, min_width=len(column))
     toolsets = ["all", *dict.fromkeys(name for report in reports for name in report.per_toolset)]
     for toolset in toolsets:
@@ -683,6 +695,6 @@ def print_zero_shot(reports: Sequence[ZeroShotReport], console: Console | None =
                 continue
             counts = [str(scores.n_tasks), str(scores.n_decisions)] if k == 0 else ["", ""]
             table.add_row(toolset if k == 0 else "", report.chooser, *counts, _cell(scores.step_accuracy),
-                          _cell(scores.task_exact), _cell(scores.repeat_rate),
+                          _cell(scores.tool_accuracy), _cell(scores.task_exact), _cell(scores.repeat_rate),
                           style="bold" if k == 0 else None, end_section=k == len(reports) - 1)
     console.print(table)

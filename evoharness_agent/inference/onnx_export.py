@@ -13,6 +13,9 @@ it is ~1 MB and well under a millisecond, so INT8 would only add error.
 The policy was trained and its temperature fit on the sentence-transformer's torch fp32
 embeddings; the metadata says so (``calibrated_on``) beside the encoder's precision, and
 :func:`record_parity` adds what the export's embeddings and decisions were measured to differ.
+INT8 moves the embeddings: :func:`record_calibration` stores a temperature fit again on the
+export's own scores (``evoharness-agent export --int8`` does so on the policy's validation split),
+and ``calibrated_on`` then names the export's encoder.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from evoharness_agent.learning.checkpoints import POLICY_META, POLICY_WEIGHTS, l
 from evoharness_agent.runtime import atomic_write_bytes, atomic_write_with
 
 __all__ = ["PRECISIONS", "TRAINED_EMBEDDINGS", "export_encoder", "export_policy", "export_scorer",
-           "quantize_int8", "record_parity"]
+           "quantize_int8", "record_calibration", "record_parity"]
 
 PRECISIONS = ("fp32", "int8")
 TRAINED_EMBEDDINGS = "sentence-transformers/torch-fp32"
@@ -186,4 +189,19 @@ def record_parity(out: str | Path, parity: Mapping[str, Any]) -> None:
     meta = json.loads(meta_file.read_text())
     section = onnx_section(meta, out)
     atomic_write_bytes(meta_file, json.dumps({**meta, ONNX_META: {**section, "parity": dict(parity)}},
+                                             indent=2).encode())
+
+
+def record_calibration(out: str | Path, calibration: Mapping[str, Any]) -> None:
+    """Store a temperature fit on the export's own scores: the policy's ``"calibration"``, now on this encoder.
+
+    The torch fp32 temperature stays in the ``"onnx"`` section (``temperature_torch_fp32``).
+    """
+    meta_file = Path(out) / POLICY_META
+    meta = json.loads(meta_file.read_text())
+    section = onnx_section(meta, out)
+    before = meta.get("calibration", {}).get("temperature", 1.0)
+    section = {**section, "calibrated_on": f"onnx {section['precision']} encoder ({section['encoder_sha256'][:16]})",
+               "temperature_torch_fp32": before}
+    atomic_write_bytes(meta_file, json.dumps({**meta, "calibration": dict(calibration), ONNX_META: section},
                                              indent=2).encode())

@@ -34,6 +34,7 @@ from evoharness_agent.learning.networks import masked_scores
 __all__ = [
     "CalibrationReport",
     "accuracy_coverage_curve",
+    "calibration_entry",
     "calibration_report",
     "coverage_at_accuracy",
     "expected_calibration_error",
@@ -181,9 +182,7 @@ def fit_calibration(algorithm: Algorithm, dataset: TransitionDataset, index: tor
     """Fit ``T`` on the transitions ``index`` (the validation split); return the policy's "calibration" metadata.
 
     Every transition is a live decision: the scores cover every available action, FINISH
-    included. ``accuracy`` is the top choice's, ``ece_before`` the ECE of ``softmax(scores)``,
-    ``ece_after`` and ``coverage_at_95`` those of ``softmax(scores / T)``, all on these
-    decisions. Leaves the algorithm in eval mode (dropout off), as a policy acts.
+    included. Leaves the algorithm in eval mode (dropout off), as a policy acts.
     """
     if index.numel() == 0:
         return {"temperature": 1.0, "n_decisions": 0, "accuracy": None, "ece_before": None, "ece_after": None,
@@ -191,14 +190,23 @@ def fit_calibration(algorithm: Algorithm, dataset: TransitionDataset, index: tor
                 "note": "no validation episodes (val_fraction 0): not calibrated, probabilities are softmax(scores)"}
     algorithm.set_training(False)
     decided = score_decisions(algorithm, dataset, index)
-    scores, mask, actions = decided.scores, decided.masks, decided.actions
+    return calibration_entry(decided.scores, decided.actions, decided.masks)
+
+
+def calibration_entry(scores: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor,
+                      before: float = 1.0) -> dict[str, Any]:
+    """Fit ``T`` on live decisions' ``(n, N)`` scores; return the "calibration" metadata of a policy.
+
+    ``accuracy`` is the top choice's, ``ece_before`` the ECE of ``softmax(scores / before)``,
+    ``ece_after`` and ``coverage_at_95`` those of ``softmax(scores / T)``, all on these decisions.
+    """
     temperature = fit_temperature(scores, actions, mask)
 
     def top_choices(t: float) -> tuple[list[float], list[bool]]:
         confidence, choice = torch.softmax(masked_scores(scores / t, mask), dim=-1).max(1)
         return confidence.tolist(), (choice == actions).tolist()
 
-    before, after = top_choices(1.0), top_choices(temperature)
+    earlier, after = top_choices(before), top_choices(temperature)
     return {"temperature": temperature, "n_decisions": len(actions), "accuracy": float(np.mean(after[1])),
-            "ece_before": expected_calibration_error(*before), "ece_after": expected_calibration_error(*after),
+            "ece_before": expected_calibration_error(*earlier), "ece_after": expected_calibration_error(*after),
             "coverage_at_95": coverage_at_accuracy(*after, 0.95)}

@@ -109,6 +109,8 @@ class ModelSection(_Section):
     tool_bias: bool = NetworkConfig.tool_bias
     dropout: float = Field(default=NetworkConfig.dropout, ge=0.0, lt=1.0)
     similarity_scale: float = NetworkConfig.similarity_scale
+    prerequisite_penalty: float = Field(default=NetworkConfig.prerequisite_penalty, ge=0.0)
+    prerequisite_finish_penalty: float = Field(default=NetworkConfig.prerequisite_finish_penalty, ge=0.0)
 
     def network(self) -> NetworkConfig:
         """Return the network part of this section as the networks' own config."""

@@ -38,14 +38,15 @@ from evoharness_agent.learning.checkpoints import (
 )
 from evoharness_agent.learning.config import TrainConfig
 from evoharness_agent.learning.distributed import Context, launch, start
+from evoharness_agent.learning.networks import DECISION_RULE
 from evoharness_agent.learning.precision import training_autocast
 from evoharness_agent.logs.bundled import training_set
 from evoharness_agent.logs.importers import load_episodes
 from evoharness_agent.runtime import atomic_write_bytes, pick_device
 from evoharness_agent.schema import Episode
 
-__all__ = ["DATASET_DIR", "TrainResult", "set_threads", "split_episodes", "task_group", "train",
-           "train_on_episodes"]
+__all__ = ["DATASET_DIR", "TrainResult", "as_trained", "set_threads", "split_episodes", "task_group", "train",
+           "train_on_episodes", "validation_episodes"]
 
 DATASET_DIR = "dataset"
 """The folder of a run's output directory that holds its memory-mapped embedding table (``data.mmap_embeddings``)."""
@@ -87,6 +88,20 @@ def split_episodes(episodes: Sequence[Episode], val_fraction: float, seed: int) 
         val += members
     taken = set(val)
     return [i for i in range(len(episodes)) if i not in taken], sorted(val)
+
+
+def as_trained(episodes: Sequence[Episode], config: TrainConfig) -> list[Episode]:
+    """Return ``episodes`` as a run of ``config`` trains on them: answer-only thinned, composed, distractors."""
+    seed = config.training.seed
+    episodes = thin_answer_only(episodes, config.data.answer_only_share, seed=seed)
+    episodes = compose_requests(episodes, config.data.composed_share, seed=seed)
+    return with_distractors(episodes, config.data.distractors, seed=seed)
+
+
+def validation_episodes(episodes: Sequence[Episode], config: TrainConfig) -> list[Episode]:
+    """Return the episodes a run of ``config`` on ``episodes`` holds out for validation and its temperature."""
+    trained = as_trained(episodes, config)
+    return [trained[i] for i in split_episodes(trained, config.data.val_fraction, config.training.seed)[1]]
 
 
 class TrainResult(dict):
@@ -173,16 +188,16 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     out.mkdir(parents=True, exist_ok=True)
     if init is not None:
         init_meta = read_policy_meta(init)
+        # The networks' sizes come with the weights; how the policy acts (DECISION_RULE) is this run's own.
+        init_network = {key: value for key, value in init_meta["network"].items() if key not in DECISION_RULE}
         config = config.model_copy(update={"model": config.model.model_copy(update={
             "encoder": init_meta["encoder"], "max_seq_length": init_meta["max_seq_length"],
-            "history_window": init_meta["history_window"], **init_meta["network"]})})
+            "history_window": init_meta["history_window"], **init_network})})
     torch.manual_seed(config.training.seed)
     encoder = encoder or StateEncoder(config.model.encoder, max_seq_length=config.model.max_seq_length)
     encoded_before = encoder.n_encoded  # a caller's encoder may have encoded texts already
     rewards = config.rewards.reward_config()
-    episodes = thin_answer_only(episodes, config.data.answer_only_share, seed=config.training.seed)
-    episodes = compose_requests(episodes, config.data.composed_share, seed=config.training.seed)
-    episodes = with_distractors(episodes, config.data.distractors, seed=config.training.seed)
+    episodes = as_trained(episodes, config)
     part = context.shard(config.training.batch_size) if context.world_size > 1 else None
 
     def build(mmap_shared: bool) -> TransitionDataset:

@@ -173,9 +173,13 @@ class AlgorithmBase:
         self.optimizer.step()
 
     def score(self, module: str, states: torch.Tensor, pairs: torch.Tensor | None = None,
-              candidates: torch.Tensor | None = None) -> torch.Tensor:
-        """Score tools of the table with one scorer: all of them, or each state's ``(B, K)`` candidate rows."""
-        return self.modules[module](states, self.tools.embeddings, self.tools.ids, pairs, candidates).float()
+              candidates: torch.Tensor | None = None, *, acting: bool = False) -> torch.Tensor:
+        """Score tools of the table with one scorer: all of them, or each state's ``(B, K)`` candidate rows.
+
+        ``acting``: the scores the algorithm acts on (:meth:`ToolScorer.forward`), not a loss's.
+        """
+        return self.modules[module](states, self.tools.embeddings, self.tools.ids, pairs, candidates,
+                                    acting=acting).float()
 
     def score_states(self, module: str, batch: Batch) -> torch.Tensor:
         """Score the candidates of a batch's states (its columns) with one scorer."""

@@ -52,4 +52,4 @@ class BC(AlgorithmBase):
     def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None,
                candidates: torch.Tensor | None = None) -> torch.Tensor:
         """Policy logits."""
-        return self.score("policy", states, pairs, candidates)
+        return self.score("policy", states, pairs, candidates, acting=True)

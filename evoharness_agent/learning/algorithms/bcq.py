@@ -86,7 +86,7 @@ class BCQ(AlgorithmBase):
     def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None,
                candidates: torch.Tensor | None = None) -> torch.Tensor:
         """Q-values, with tools outside the imitation support ranked below all others."""
-        q = self.score("q", states, pairs, candidates)
+        q = self.score("q", states, pairs, candidates, acting=True)
         full = torch.ones_like(q, dtype=torch.bool)
         allowed = allowed_actions(self.score("imitation", states, pairs, candidates), full, self.config.threshold)
         return torch.where(allowed, q, q + NEG_INF / 1e3)

@@ -84,4 +84,4 @@ class CQL(AlgorithmBase):
     def scores(self, states: torch.Tensor, pairs: torch.Tensor | None = None,
                candidates: torch.Tensor | None = None) -> torch.Tensor:
         """Q-values."""
-        return self.score("q", states, pairs, candidates)
+        return self.score("q", states, pairs, candidates, acting=True)

@@ -119,6 +119,56 @@ def test_pair_features_see_named_tools_and_missing_identifiers() -> None:
     assert after[1][missing] == 0.0  # the lookup's result gave it
 
 
+@pytest.mark.parametrize(("request_text", "gave"), [
+    ("Return order #W6067464, please", True),
+    ("Check whether order ORD-88213 has shipped", True),
+    ("Cancel reservation EHGLP3", True),
+    ("My user id is mia_li_3668", True),
+    ("Refund item 1008292230", True),
+    ("Move my dentist appointment on Friday, March 14 to 5pm", False),
+    ("Tag my Q3 OKRs note, due 2025-03-14", False),
+    ("Show Ann's last order", False),
+])
+def test_an_identifier_the_user_gave_as_a_value_counts_as_known(request_text: str, gave: bool) -> None:
+    refund = ToolSpec(name="refund_order", description="Refund an order.",
+                      parameters={"type": "object", "properties": {"order_id": {"type": "string"}},
+                                  "required": ["order_id"]})
+    parts = state_parts(request_text, [], 2)
+    assert parts.user_gave_identifier is gave
+    missing = PAIR_FEATURES.index("missing_ids")
+    assert parts.pair_features([refund])[0][missing] == (0.0 if gave else 1.0)
+
+
+def test_an_identifier_in_a_tool_result_counts_only_by_name() -> None:
+    returns = ToolSpec(name="return_items", description="Return items of an order.",
+                       parameters={"type": "object", "properties": {"item_ids": {"type": "array"}},
+                                   "required": ["item_ids"]})
+    missing = PAIR_FEATURES.index("missing_ids")
+    # An observation's values say nothing of what they identify; its keys do, in the singular too.
+    values_only = Step(tool="get_order", arguments={}, observation="W123 shipped: 1008292230, 6086499569")
+    assert state_parts("Return my headphones", [values_only], 2).pair_features([returns])[0][missing] == 1.0
+    keyed = Step(tool="get_order", arguments={}, observation='{"items": [{"item_id": "1008292230"}]}')
+    assert state_parts("Return my headphones", [keyed], 2).pair_features([returns])[0][missing] == 0.0
+
+
+def test_a_lookup_that_gives_a_tool_its_identifier_unblocks_it() -> None:
+    lookup = ToolSpec(name="find_customer", description="Look up customers by name.")
+    orders = ToolSpec(name="list_orders", description="List a customer's orders.",
+                      parameters={"type": "object", "properties": {"customer_id": {"type": "string"}},
+                                  "required": ["customer_id"]})
+    unblocked = PAIR_FEATURES.index("just_unblocked")
+    found = Step(tool="find_customer", arguments={"name": "Ann"}, observation='[{"customer_id": "C7"}]')
+    assert [row[unblocked] for row in state_parts("Show Ann's orders", [], 2).pair_features([lookup, orders])] == [0, 0]
+    after = state_parts("Show Ann's orders", [found], 2).pair_features([lookup, orders])
+    assert [row[unblocked] for row in after] == [0.0, 1.0]
+    # Only the call just made unblocks: one step later, or after a failed call, nothing does.
+    later = state_parts("Show Ann's orders", [found, Step(tool="find_customer", arguments={}, observation="[]")], 2)
+    assert later.pair_features([lookup, orders])[1][unblocked] == 0.0
+    failed = Step(tool="find_customer", arguments={"name": "Ann"}, observation="error: customer_id lookup failed",
+                  error=True)
+    assert state_parts("Show Ann's orders", [failed], 2).pair_features([lookup, orders])[1][unblocked] == 0.0
+
+
 def test_request_parts_split_the_pieces_of_work_a_request_asks_for() -> None:
     assert request_parts("What is the weather in Paris right now, in Fahrenheit?") == [
         "What is the weather in Paris right now", "in Fahrenheit?"]

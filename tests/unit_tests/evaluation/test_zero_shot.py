@@ -165,9 +165,9 @@ class _Scripted:
     def rank(self, available: Collection[str]) -> list[str]:
         gold = self.gold[self.done]
         last = self.last
-        if self.mode == "finish":
-            first = FINISH
-        elif self.mode == "repeat" and last is not None and last.kind == "tool_call" and not last.error:
+        if self.mode == "finish":  # answers at once, though it ranks the gold tool first among the tools
+            return [FINISH, *([gold] if gold != FINISH else []), *sorted(set(available) - {gold})]
+        if self.mode == "repeat" and last is not None and last.kind == "tool_call" and not last.error:
             first = str(last.tool)
         else:
             first = gold
@@ -191,6 +191,7 @@ def test_the_gold_chooser_is_perfect() -> None:
     assert report.chooser == "scripted-gold"
     overall = report.overall
     assert (overall.step_accuracy, overall.task_exact, overall.repeat_rate) == (1.0, 1.0, 0.0)
+    assert overall.tool_accuracy == 1.0
     assert overall.n_tasks == len(ZERO_SHOT_TASKS) and overall.n_decisions == N_DECISIONS
     assert overall.n_after_success == sum(after_success(task) for task in ZERO_SHOT_TASKS)
     assert set(report.per_toolset) == set(ZERO_SHOT_TOOLSETS)
@@ -214,6 +215,8 @@ def test_always_finish() -> None:
     assert overall.step_accuracy == pytest.approx(len(ZERO_SHOT_TASKS) / N_DECISIONS)  # each task's last
     assert overall.task_exact == pytest.approx(len(FINISH_ONLY) / len(ZERO_SHOT_TASKS))
     assert overall.repeat_rate == 0.0
+    assert overall.tool_accuracy == 1.0  # the choice of tool is apart from when to answer
+    assert all((d.tool_correct is None) == (d.gold == FINISH) for d in report.decisions)
 
 
 def test_per_toolset_scores_add_up() -> None:
@@ -240,6 +243,8 @@ def test_random_expectation_is_exact() -> None:
     n_after = sum(after_success(task) for task in ZERO_SHOT_TASKS)
     repeat = sum(after_success(task) / (len(task.tools) + 1) for task in ZERO_SHOT_TASKS) / n_after
     assert report.overall.repeat_rate == pytest.approx(repeat)
+    tools = [1.0 / len(task.tools) for task in ZERO_SHOT_TASKS for step in calls(task)]
+    assert report.overall.tool_accuracy == pytest.approx(sum(tools) / len(tools))
     assert all(decision.chosen is None for decision in report.decisions)
 
 
@@ -256,7 +261,8 @@ def test_json_and_table() -> None:
     assert document["overall"]["step_accuracy"] == 1.0
     assert set(document["per_toolset"]) == set(ZERO_SHOT_TOOLSETS)
     assert len(document["decisions"]) == N_DECISIONS
-    assert {"task_id", "toolset", "step", "gold", "chosen", "correct", "repeat"} <= set(document["decisions"][0])
+    assert {"task_id", "toolset", "step", "gold", "chosen", "correct", "tool_correct", "repeat"} <= set(
+        document["decisions"][0])
     out = io.StringIO()
     print_zero_shot(reports, Console(file=out, width=140))
     text = out.getvalue()

@@ -140,6 +140,25 @@ def test_cli_export_int8_records_precision_and_parity(tmp_path: Path, tiny_encod
     assert 0.0 <= parity["top1_agreement"] <= 1.0 and parity["embedding_cosine_min"] < 1.0 - 1e-6  # INT8 moves them
     assert parity["data"] == [str(logs)]
     assert "top-1 agreement" in result.output
+    assert "temperature stays the torch fp32 one" in " ".join(result.output.split())  # no validation split known
+    assert meta["calibrated_on"] == TRAINED_EMBEDDINGS
+
+
+@pytest.mark.slow  # two graph exports and a quantisation (~15 s of CPU)
+def test_cli_export_int8_fits_the_temperature_on_its_own_scores(tmp_path: Path, tiny_encoder_dir: Path) -> None:
+    source = tiny_policy(tmp_path / "policy", tiny_encoder_dir, "cql")
+    logs = tmp_path / "logs.jsonl"
+    logs.write_text("".join(episode.model_dump_json() + "\n" for episode in synthetic_episodes()))
+    result = CliRunner().invoke(app, ["export", "--policy", str(source), "--out", str(tmp_path / "int8"), "--int8",
+                                      "--data", str(logs), "--calibration-data", str(logs), "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "int8" / "policy.json").read_text())
+    calibration, section = meta["calibration"], meta["onnx"]
+    assert calibration["n_decisions"] == sum(len(e.steps) for e in synthetic_episodes())
+    assert calibration["temperature"] != 1.0 and 0.0 <= calibration["ece_after"] <= 1.0
+    assert section["calibrated_on"].startswith("onnx int8 encoder") and section["temperature_torch_fp32"] == 1.0
+    # The export serves with the new temperature.
+    assert ToolPolicy.load(tmp_path / "int8", backend="onnx", threads=1).temperature == calibration["temperature"]
 
 
 def test_cli_export_rejects_a_bad_policy_directory(tmp_path: Path) -> None:

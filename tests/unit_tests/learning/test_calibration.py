@@ -11,6 +11,7 @@ import torch
 
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.state import decisions
+from evoharness_agent.evaluation.parity import backend_calibration
 from evoharness_agent.learning.calibration import (
     accuracy_coverage_curve,
     calibration_report,
@@ -20,7 +21,7 @@ from evoharness_agent.learning.calibration import (
     softmax_with_temperature,
 )
 from evoharness_agent.learning.config import TrainConfig, load_config
-from evoharness_agent.learning.trainer import split_episodes, train_on_episodes
+from evoharness_agent.learning.trainer import split_episodes, train_on_episodes, validation_episodes
 from evoharness_agent.policy import ToolPolicy
 from tests.kit.synthetic_logs import synthetic_episodes
 
@@ -137,6 +138,20 @@ def test_training_writes_the_calibration_metadata(calibrated: ToolPolicy) -> Non
     assert calibrated.temperature == meta["temperature"] != 1.0
     for key in ("accuracy", "ece_before", "ece_after", "coverage_at_95"):
         assert 0.0 <= meta[key] <= 1.0
+
+
+def test_a_backend_refits_t_on_the_same_validation_split(calibrated: ToolPolicy) -> None:
+    # What an INT8 export does, on the torch backend itself: the run's validation split, rebuilt
+    # from its config, scored as the policy acts, gives back the temperature training fit.
+    meta = calibrated.meta["calibration"]
+    held_out = validation_episodes(EPISODES, TrainConfig.model_validate(calibrated.meta["config"]))
+    refit = backend_calibration(calibrated, held_out)
+    assert refit["n_decisions"] == meta["n_decisions"]
+    assert refit["temperature"] == pytest.approx(meta["temperature"], rel=0.02)
+    assert refit["ece_after"] == pytest.approx(meta["ece_after"], abs=0.02)
+    assert refit["ece_before"] == pytest.approx(meta["ece_after"], abs=0.02)  # "before" is the policy's own T
+    with pytest.raises(ValueError, match="no logged decision"):
+        backend_calibration(calibrated, [EPISODES[0].model_copy(update={"steps": []})])
 
 
 def test_no_validation_split_means_no_calibration(tmp_path: Path, encoder: StateEncoder) -> None:

@@ -19,8 +19,10 @@ from evoharness_agent.learning.networks import (
     DENSE_TABLE_FACTOR,
     NetworkConfig,
     ToolScorer,
+    answer_waits,
     masked_log_softmax,
     masked_scores,
+    waiting_for_prerequisite,
 )
 
 TOOL_DIM = 16
@@ -338,6 +340,88 @@ def test_context_features_compare_open_tools_and_say_whether_the_work_looks_done
     # FINISH: best open 0.6, the called tool matched 0.2 better, half a name named, something was
     # called, an open tool would give a missing identifier, and one serves an unserved part by 0.4
     assert context[3].tolist() == pytest.approx([0.0, 0.0, 0.6, 0.2, 0.5, 0.0, 1.0, 0.4])
+
+
+def test_a_tool_waiting_for_its_prerequisite_loses_the_penalty_only_when_acting() -> None:
+    d = 4
+    penalties = NetworkConfig(dropout=0.0, prerequisite_penalty=3.0, prerequisite_finish_penalty=2.0)
+    scorer = ToolScorer(state_dim=3 * d + 2, tool_dim=d, n_known_tools=1, config=penalties).eval()
+    tools = torch.eye(d)  # find_customer, list_orders, get_weather, FINISH
+    column = PAIR_FEATURES.index
+    pairs = torch.zeros(2, 4, N_PAIR_FEATURES)
+    pairs[:, :, column("available")] = 1.0
+    pairs[:, 3, column("is_finish")] = 1.0
+    pairs[:, 1, column("missing_ids")] = 1.0  # list_orders needs a customer id nobody gave
+    pairs[0, 0, column("provides_missing")] = 1.0  # state 0: find_customer can give it
+    waiting = waiting_for_prerequisite(pairs)
+    assert waiting.tolist() == [[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]  # state 1: no lookup, no waiting
+    pairs[1, 0, column("provides_missing")] = 1.0
+    pairs[1, 0, column("called_in_turn")] = 1.0  # a lookup already called is not open: nothing to wait for
+    assert waiting_for_prerequisite(pairs)[1].sum() == 0.0
+    pairs[1, 0, column("called_in_turn")] = 0.0
+    pairs[1, 0, column("available")] = 0.0  # nor is one that is not available
+    assert waiting_for_prerequisite(pairs)[1].sum() == 0.0
+    states = torch.randn(2, 3 * d + 2)
+    with torch.no_grad():
+        learned, acted = scorer(states, tools, None, pairs), scorer(states, tools, None, pairs, acting=True)
+    # State 0: list_orders waits for find_customer, and answering now (FINISH) is put off too.
+    assert torch.allclose(learned - acted, torch.tensor([[0.0, 3.0, 0.0, 2.0], [0.0, 0.0, 0.0, 0.0]]), atol=1e-5)
+    # After a call in the turn, answering is not put off any more (the tool still waits).
+    called = pairs.clone()
+    called[0, 2, column("called_in_turn")] = 1.0
+    with torch.no_grad():
+        later = scorer(states, tools, None, called) - scorer(states, tools, None, called, acting=True)
+    assert torch.allclose(later[0], torch.tensor([0.0, 3.0, 0.0, 0.0]), atol=1e-5)
+    # Candidates in their own order get the same penalty.
+    order = torch.tensor([[1, 0, 2, 3], [3, 2, 1, 0]])
+    with torch.no_grad():
+        own = scorer(states, tools, None, pairs[torch.arange(2)[:, None], order], order, acting=True)
+    assert torch.allclose(own, acted.gather(1, order), atol=1e-5)
+    none = NetworkConfig(dropout=0.0, prerequisite_penalty=0.0, prerequisite_finish_penalty=0.0)
+    off = ToolScorer(state_dim=3 * d + 2, tool_dim=d, n_known_tools=1, config=none).eval()
+    off.load_state_dict(scorer.state_dict())
+    with torch.no_grad():
+        assert torch.equal(off(states, tools, None, pairs, acting=True), learned)
+
+
+def test_answering_waits_right_after_the_lookup_of_the_best_matching_tool() -> None:
+    column = PAIR_FEATURES.index
+    pairs = torch.zeros(3, 4, N_PAIR_FEATURES)  # find_customer (called), list_orders, get_weather, FINISH
+    pairs[:, :, column("available")] = 1.0
+    pairs[:, 3, column("is_finish")] = 1.0
+    pairs[:, 0, column("called_in_turn")] = 1.0
+    pairs[:, 1, column("just_unblocked")] = 1.0  # the lookup just gave list_orders its customer id
+    similarity = torch.tensor([[0.3, 0.7, 0.2, 0.0],   # list_orders matches the request best: wait
+                               [0.3, 0.2, 0.7, 0.0],   # the weather tool does: the lookup was beside the point
+                               [0.9, 0.7, 0.2, 0.0]])  # the called lookup itself is no open tool
+    waiting = waiting_for_prerequisite(pairs)
+    assert waiting.sum() == 0.0
+    assert answer_waits(similarity, pairs, waiting).squeeze(-1).tolist() == [1.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_acts_with_the_prerequisite_penalty(name: str) -> None:
+    torch.manual_seed(0)
+    tools = ToolInputs(unit_rows(N_TOOLS, TOOL_DIM, 11), torch.arange(N_TOOLS))
+    rule = NetworkConfig(hidden=32, layers=1, dropout=0.0, prerequisite_penalty=3.0, prerequisite_finish_penalty=2.0)
+    algorithm = make_algorithm(name, {}, Dims(STATE_DIM, TOOL_DIM, N_TOOLS), rule, tools)
+    algorithm.set_training(False)
+    column = PAIR_FEATURES.index
+    pairs = torch.zeros(3, N_TOOLS, N_PAIR_FEATURES)
+    pairs[:, :, column("available")] = 1.0
+    pairs[:, 1, column("missing_ids")] = 1.0
+    pairs[:, 0, column("provides_missing")] = 1.0
+    pairs[:, 4, column("is_finish")] = 1.0
+    states = torch.randn(3, STATE_DIM)
+    with torch.no_grad():
+        acted = algorithm.scores(states, pairs)
+        scorer = algorithm.modules[algorithm.acting[0]]
+        scorer.prerequisite_penalty = scorer.prerequisite_finish_penalty = 0.0
+        plain = algorithm.scores(states, pairs)
+    expected = torch.zeros(3, N_TOOLS)
+    expected[:, 1], expected[:, 4] = 3.0, 2.0
+    assert torch.allclose(plain - acted, expected, atol=1e-4)
+    assert NetworkConfig().prerequisite_penalty == NetworkConfig().prerequisite_finish_penalty == 0.0  # off by default
 
 
 def test_per_state_candidates_score_like_the_shared_tool_table() -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -310,12 +311,21 @@ def test_init_fine_tunes_from_policy_matching_bias_rows_by_name(
                         steps=[Step(tool="calculator", arguments={"expression": f"{i}+{i}"}, observation=str(2 * i)),
                                Step(tool="send_email", arguments={"body": str(2 * i)}, observation="sent"),
                                Step(kind="assistant", content="Sent.")]) for i in range(3)]
+    # The base acts with the prerequisite rule (as the shipped default does); fine-tuning keeps its
+    # weights and sizes, not how it acts.
+    ruled = tmp_path / "ruled"
+    shutil.copytree(base_dir, ruled)
+    ruled_meta = {**base_meta, "network": {**base_meta["network"], "prerequisite_penalty": 3.0,
+                                           "prerequisite_finish_penalty": 3.0}}
+    (ruled / "policy.json").write_text(json.dumps(ruled_meta))
     # a different width and window in the config: --init must take the base policy's
-    config = make_config(steps=1, params={"lr": 1e-12}, model={"hidden": 64, "history_window": 4})
+    config = make_config(steps=1, params={"lr": 1e-12}, model={"hidden": 64, "history_window": 4,
+                                                               "prerequisite_finish_penalty": 1.0})
     out = tmp_path / "tuned"
-    train_on_episodes(episodes, config, out, encoder=encoder, init=base_dir, show_progress=False)
+    train_on_episodes(episodes, config, out, encoder=encoder, init=ruled, show_progress=False)
     meta = json.loads((out / "policy.json").read_text())
     assert meta["network"]["hidden"] == 16 and meta["history_window"] == 2
+    assert (meta["network"]["prerequisite_penalty"], meta["network"]["prerequisite_finish_penalty"]) == (0.0, 1.0)
     assert meta["known_tools"] == [FINISH, "send_email", "calculator", "search_web"]
     tuned = weights(out)
     new_bias = tuned["policy.bias.weight"][:, 0].tolist()
