@@ -9,7 +9,8 @@ never on the reported ones.
 
 Usage: python benchmarks/transfer.py [--leave-out bfcl,tau_retail,tau2_airline,metatool]
        [--algo cql] [--steps 2000] [--distractors 8] [--answer-only-share 0.0] [--composed-share 0.5]
-       [--tool-bias] [--prerequisite-penalty 3] [--prerequisite-finish-penalty 3] [--set model.hidden=32]
+       [--tool-bias] [--prerequisite-penalty 3] [--prerequisite-finish-penalty 3]
+       [--open-part-finish-penalty 2] [--open-part-threshold 0.25] [--set model.hidden=32]
        [--json runs/transfer.json]
 """
 
@@ -52,7 +53,9 @@ def config_for(args: argparse.Namespace) -> TrainConfig:
     raw: dict[str, Any] = {
         "algorithm": {"name": args.algo},
         "model": {"tool_bias": args.tool_bias, "prerequisite_penalty": args.prerequisite_penalty,
-                  "prerequisite_finish_penalty": args.prerequisite_finish_penalty},
+                  "prerequisite_finish_penalty": args.prerequisite_finish_penalty,
+                  "open_part_finish_penalty": args.open_part_finish_penalty,
+                  "open_part_threshold": args.open_part_threshold},
         "data": {"distractors": args.distractors, "val_fraction": 0.05, "answer_only_share": args.answer_only_share,
                  "composed_share": args.composed_share},
         "training": {"steps": args.steps, "seed": args.seed},
@@ -95,6 +98,10 @@ def main() -> None:
                         help="the default's prerequisite rule for tools (model.prerequisite_penalty)")
     parser.add_argument("--prerequisite-finish-penalty", type=float, default=3.0,
                         help="the rule for FINISH (model.prerequisite_finish_penalty)")
+    parser.add_argument("--open-part-finish-penalty", type=float, default=2.0,
+                        help="the default's rule for FINISH with a request part open (model.open_part_finish_penalty)")
+    parser.add_argument("--open-part-threshold", type=float, default=0.25,
+                        help="how much better an open tool must serve that part (model.open_part_threshold)")
     parser.add_argument("--set", action="append", default=[], help="section.key=value config override")
     parser.add_argument("--out", type=Path, default=Path("runs/transfer"))
     parser.add_argument("--json", type=Path, default=None)

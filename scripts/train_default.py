@@ -33,9 +33,10 @@ from evoharness_agent.logs.bundled import training_set
 
 DEFAULT_CONFIG = {
     "algorithm": {"name": "cql"},
-    # The prerequisite rule (learning/networks.py): a prior for users' tools the policy has no logs of,
-    # chosen on the validation suite and domains (see NetworkConfig.prerequisite_penalty).
-    "model": {"tool_bias": False, "prerequisite_penalty": 3.0, "prerequisite_finish_penalty": 3.0},
+    # The decision rules (learning/networks.py): priors for users' tools the policy has no logs of, chosen
+    # on the validation suite and domains (see NetworkConfig.prerequisite_penalty, open_part_finish_penalty).
+    "model": {"tool_bias": False, "prerequisite_penalty": 3.0, "prerequisite_finish_penalty": 3.0,
+              "open_part_finish_penalty": 2.0, "open_part_threshold": 0.25},
     # answer_only_share: chosen on the validation domains and the validation zero-shot suite. With the
     # request-part coverage features (layout 5), dropping the episodes that never call a tool raised
     # stabletoolbench's top-1 0.581 -> 0.584, FINISH accuracy 0.718 -> 0.736 and the validation suite's

@@ -47,6 +47,7 @@ __all__ = [
     "AVAILABLE",
     "CALLED_IN_TURN",
     "IS_FINISH",
+    "JUST_CALLED_FAILED",
     "JUST_UNBLOCKED",
     "MISSING_IDS",
     "NAMED_IN_REQUEST",
@@ -101,6 +102,7 @@ IS_FINISH = PAIR_FEATURES.index("is_finish")
 CALLED_IN_TURN = PAIR_FEATURES.index("called_in_turn")
 PROVIDES_MISSING = PAIR_FEATURES.index("provides_missing")
 MISSING_IDS = PAIR_FEATURES.index("missing_ids")
+JUST_CALLED_FAILED = PAIR_FEATURES.index("just_called_failed")
 JUST_UNBLOCKED = PAIR_FEATURES.index("just_unblocked")
 NAMED_IN_REQUEST = PAIR_FEATURES.index("named_in_request")
 SERVES_OPEN_PART = PAIR_FEATURES.index("serves_open_part")

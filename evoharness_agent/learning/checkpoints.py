@@ -99,6 +99,8 @@ class _NetworkMeta(BaseModel):
     similarity_scale: float = Field(default=NetworkConfig.similarity_scale, ge=-1e4, le=1e4)
     prerequisite_penalty: float = Field(default=NetworkConfig.prerequisite_penalty, ge=0.0, le=1e4)
     prerequisite_finish_penalty: float = Field(default=NetworkConfig.prerequisite_finish_penalty, ge=0.0, le=1e4)
+    open_part_finish_penalty: float = Field(default=NetworkConfig.open_part_finish_penalty, ge=0.0, le=1e4)
+    open_part_threshold: float = Field(default=NetworkConfig.open_part_threshold, ge=-2.0, le=2.0)
 
 
 class _CalibrationMeta(BaseModel):

@@ -1,6 +1,6 @@
 """Every Python block of the README runs, top to bottom in one namespace, as a reader would paste them.
 
-A block preceded by a ``<!-- readme-test: skip (reason) -->`` line is not run (none is today).
+A block preceded by a ``<!-- readme-test: skip (reason) -->`` line is not run (the client block: it needs a server).
 The blocks run the shipped policy and the local LLM, so the test is slow.
 """
 

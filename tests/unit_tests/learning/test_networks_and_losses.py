@@ -19,6 +19,7 @@ from evoharness_agent.learning.networks import (
     DENSE_TABLE_FACTOR,
     NetworkConfig,
     ToolScorer,
+    answer_leaves_part,
     answer_waits,
     masked_log_softmax,
     masked_scores,
@@ -342,15 +343,21 @@ def test_context_features_compare_open_tools_and_say_whether_the_work_looks_done
     assert context[3].tolist() == pytest.approx([0.0, 0.0, 0.6, 0.2, 0.5, 0.0, 1.0, 0.4])
 
 
+def rule_scorer(rule: NetworkConfig, n_states: int) -> tuple[ToolScorer, torch.Tensor, torch.Tensor]:
+    """Return a scorer acting with ``rule``, four unit-vector tools (FINISH last) and their pair features."""
+    d = 4
+    scorer = ToolScorer(state_dim=3 * d + 2, tool_dim=d, n_known_tools=1, config=rule).eval()
+    pairs = torch.zeros(n_states, 4, N_PAIR_FEATURES)
+    pairs[:, :, PAIR_FEATURES.index("available")] = 1.0
+    pairs[:, 3, PAIR_FEATURES.index("is_finish")] = 1.0
+    return scorer, torch.eye(d), pairs
+
+
 def test_a_tool_waiting_for_its_prerequisite_loses_the_penalty_only_when_acting() -> None:
     d = 4
     penalties = NetworkConfig(dropout=0.0, prerequisite_penalty=3.0, prerequisite_finish_penalty=2.0)
-    scorer = ToolScorer(state_dim=3 * d + 2, tool_dim=d, n_known_tools=1, config=penalties).eval()
-    tools = torch.eye(d)  # find_customer, list_orders, get_weather, FINISH
+    scorer, tools, pairs = rule_scorer(penalties, 2)  # find_customer, list_orders, get_weather, FINISH
     column = PAIR_FEATURES.index
-    pairs = torch.zeros(2, 4, N_PAIR_FEATURES)
-    pairs[:, :, column("available")] = 1.0
-    pairs[:, 3, column("is_finish")] = 1.0
     pairs[:, 1, column("missing_ids")] = 1.0  # list_orders needs a customer id nobody gave
     pairs[0, 0, column("provides_missing")] = 1.0  # state 0: find_customer can give it
     waiting = waiting_for_prerequisite(pairs)
@@ -422,6 +429,29 @@ def test_every_algorithm_acts_with_the_prerequisite_penalty(name: str) -> None:
     expected[:, 1], expected[:, 4] = 3.0, 2.0
     assert torch.allclose(plain - acted, expected, atol=1e-4)
     assert NetworkConfig().prerequisite_penalty == NetworkConfig().prerequisite_finish_penalty == 0.0  # off by default
+    assert NetworkConfig().open_part_finish_penalty == 0.0
+
+
+def test_answering_is_put_off_while_a_call_left_a_request_part_to_an_open_tool() -> None:
+    d = 4
+    rule = NetworkConfig(dropout=0.0, open_part_finish_penalty=2.0, open_part_threshold=0.25)
+    scorer, tools, pairs = rule_scorer(rule, 4)  # get_weather, convert_temperature, send_email, FINISH
+    column = PAIR_FEATURES.index
+    pairs[:, 1, column("serves_open_part")] = torch.tensor([0.32, 0.32, 0.2, 0.32])  # "in Fahrenheit"
+    pairs[:3, 0, column("called_in_turn")] = 1.0  # get_weather was called, except in state 3
+    pairs[1, 1, column("called_in_turn")] = 1.0  # state 1: convert_temperature too: no open tool serves the part
+    # 0: the part waits for an open tool; 1: the tool serving it was called; 2: below the threshold;
+    # 3: nothing was called in this turn yet (answering at once is the scorer's own call)
+    assert answer_leaves_part(pairs, 0.25).squeeze(-1).tolist() == [1.0, 0.0, 0.0, 0.0]
+    pairs[0, 1, column("available")] = 0.0  # a tool that is not available serves nothing
+    assert answer_leaves_part(pairs, 0.25)[0].item() == 0.0
+    pairs[0, 1, column("available")] = 1.0
+    states = torch.randn(4, 3 * d + 2)
+    with torch.no_grad():
+        put_off = scorer(states, tools, None, pairs) - scorer(states, tools, None, pairs, acting=True)
+    expected = torch.zeros(4, 4)
+    expected[0, 3] = 2.0  # FINISH alone, and only where the part is open
+    assert torch.allclose(put_off, expected, atol=1e-5)
 
 
 def test_per_state_candidates_score_like_the_shared_tool_table() -> None:

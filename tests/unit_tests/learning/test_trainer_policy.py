@@ -316,7 +316,7 @@ def test_init_fine_tunes_from_policy_matching_bias_rows_by_name(
     ruled = tmp_path / "ruled"
     shutil.copytree(base_dir, ruled)
     ruled_meta = {**base_meta, "network": {**base_meta["network"], "prerequisite_penalty": 3.0,
-                                           "prerequisite_finish_penalty": 3.0}}
+                                           "prerequisite_finish_penalty": 3.0, "open_part_finish_penalty": 2.0}}
     (ruled / "policy.json").write_text(json.dumps(ruled_meta))
     # a different width and window in the config: --init must take the base policy's
     config = make_config(steps=1, params={"lr": 1e-12}, model={"hidden": 64, "history_window": 4,
@@ -325,7 +325,9 @@ def test_init_fine_tunes_from_policy_matching_bias_rows_by_name(
     train_on_episodes(episodes, config, out, encoder=encoder, init=ruled, show_progress=False)
     meta = json.loads((out / "policy.json").read_text())
     assert meta["network"]["hidden"] == 16 and meta["history_window"] == 2
-    assert (meta["network"]["prerequisite_penalty"], meta["network"]["prerequisite_finish_penalty"]) == (0.0, 1.0)
+    network = meta["network"]
+    assert (network["prerequisite_penalty"], network["prerequisite_finish_penalty"]) == (0.0, 1.0)
+    assert network["open_part_finish_penalty"] == 0.0
     assert meta["known_tools"] == [FINISH, "send_email", "calculator", "search_web"]
     tuned = weights(out)
     new_bias = tuned["policy.bias.weight"][:, 0].tolist()
