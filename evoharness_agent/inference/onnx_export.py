@@ -183,11 +183,16 @@ def export_policy(policy: str | Path, out: str | Path, *, int8: bool = False) ->
     return section
 
 
-def record_parity(out: str | Path, parity: Mapping[str, Any]) -> None:
-    """Store measured backend parity (embedding cosine, top-1 agreement) in an export's metadata."""
+def _read_export(out: str | Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
+    """Return an export's metadata file, its metadata and its ``"onnx"`` section (a clear error if not exported)."""
     meta_file = Path(out) / POLICY_META
     meta = json.loads(meta_file.read_text())
-    section = onnx_section(meta, out)
+    return meta_file, meta, onnx_section(meta, out)
+
+
+def record_parity(out: str | Path, parity: Mapping[str, Any]) -> None:
+    """Store measured backend parity (embedding cosine, top-1 agreement) in an export's metadata."""
+    meta_file, meta, section = _read_export(out)
     atomic_write_bytes(meta_file, json.dumps({**meta, ONNX_META: {**section, "parity": dict(parity)}},
                                              indent=2).encode())
 
@@ -197,9 +202,7 @@ def record_calibration(out: str | Path, calibration: Mapping[str, Any]) -> None:
 
     The torch fp32 temperature stays in the ``"onnx"`` section (``temperature_torch_fp32``).
     """
-    meta_file = Path(out) / POLICY_META
-    meta = json.loads(meta_file.read_text())
-    section = onnx_section(meta, out)
+    meta_file, meta, section = _read_export(out)
     before = meta.get("calibration", {}).get("temperature", 1.0)
     section = {**section, "calibrated_on": f"onnx {section['precision']} encoder ({section['encoder_sha256'][:16]})",
                "temperature_torch_fp32": before}

@@ -86,8 +86,9 @@ class NetworkConfig:
     """Taken off FINISH's score when the policy acts, after a call in this turn, while an open tool
     serves a part of the request no called tool serves by at least ``open_part_threshold``
     (:func:`answer_leaves_part`): "the weather in Paris, in Fahrenheit" is not answered by
-    ``get_weather`` alone. Logs of conversational agents often reply with a part open (to ask or
-    confirm), so training learns this weakly. Off (0) unless set; the shipped default sets 2 with a
+    ``get_weather`` alone. Never right after a failed call. Logged agents often answer with a part
+    open (to ask or confirm; tau-bench retail's logs lack the lookups that serve its "who I am"
+    clause), so training learns this weakly. Off (0) unless set; the shipped default sets 2 with a
     threshold of 0.25, the setting of 1-5 × 0.2-0.4 with the most right validation decisions
     (validation suite, the default's validation split, stabletoolbench and bfcl_single left out:
     5,418 of 7,361 against 5,277 without) that keeps the default's validation split (999 of 1,315
