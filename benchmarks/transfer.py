@@ -5,12 +5,11 @@ domains that share users or scenarios with it: tau-bench and tau2-bench airline,
 retail pair) and evaluated on the left-out domain's logged decisions, beside the baselines
 in the same run (embedding similarity, bigram and frequency fit on the training logs, random).
 Hyperparameters are chosen on the validation domains (``stabletoolbench``, ``bfcl_single``),
-never on the reported ones.
+never on the reported ones. Each policy is trained with the shipped default's recipe
+(``scripts/default_policy.yaml``), ``--set`` overriding any of its keys.
 
 Usage: python benchmarks/transfer.py [--leave-out bfcl,tau_retail,tau2_airline,metatool]
-       [--algo cql] [--steps 2000] [--distractors 8] [--answer-only-share 0.0] [--composed-share 0.5]
-       [--tool-bias] [--prerequisite-penalty 3] [--prerequisite-finish-penalty 3]
-       [--open-part-finish-penalty 2] [--open-part-threshold 0.25] [--set model.hidden=32]
+       [--algo cql] [--steps 2000] [--seed 0] [--set data.composed_share=0.5] [--set model.tool_bias=true]
        [--json runs/transfer.json]
 """
 
@@ -28,13 +27,16 @@ from rich.console import Console
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.evaluation.offline import evaluate_offline
 from evoharness_agent.evaluation.reports import print_report
-from evoharness_agent.learning.config import TrainConfig
+from evoharness_agent.learning.config import TrainConfig, load_config
 from evoharness_agent.learning.trainer import train_on_episodes
 from evoharness_agent.logs.bundled import DOMAINS, all_domain_episodes
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import Episode
 
 console = Console()
+
+RECIPE = Path(__file__).resolve().parent.parent / "scripts" / "default_policy.yaml"
+"""The shipped default's training config (``scripts/train_default.py``)."""
 
 SIBLINGS = {"tau_retail": {"tau2_retail"}, "tau2_retail": {"tau_retail"},
             "tau_airline": {"tau2_airline"}, "tau2_airline": {"tau_airline"}}
@@ -49,23 +51,16 @@ def training_domains(left_out: str) -> list[str]:
 
 
 def config_for(args: argparse.Namespace) -> TrainConfig:
-    """Return the training config the flags describe."""
-    raw: dict[str, Any] = {
-        "algorithm": {"name": args.algo},
-        "model": {"tool_bias": args.tool_bias, "prerequisite_penalty": args.prerequisite_penalty,
-                  "prerequisite_finish_penalty": args.prerequisite_finish_penalty,
-                  "open_part_finish_penalty": args.open_part_finish_penalty,
-                  "open_part_threshold": args.open_part_threshold},
-        "data": {"distractors": args.distractors, "val_fraction": 0.05, "answer_only_share": args.answer_only_share,
-                 "composed_share": args.composed_share},
-        "training": {"steps": args.steps, "seed": args.seed},
-        "logging": {"tensorboard": False},
-    }
+    """Return the training config: the default's recipe, then the flags, then each ``--set section.key=value``."""
+    overrides: dict[str, dict[str, Any]] = {"algorithm": {"name": args.algo},
+                                            "training": {"steps": args.steps, "seed": args.seed}}
     for item in args.set:
         key, _, value = item.partition("=")
         section, _, name = key.partition(".")
-        raw.setdefault(section, {})[name] = yaml.safe_load(value)
-    return TrainConfig.model_validate(raw)
+        overrides.setdefault(section, {})[name] = yaml.safe_load(value)
+    config = load_config(RECIPE, overrides)
+    # The left-out runs train on explicit domain lists, not on the bundled set the recipe names.
+    return config.model_copy(update={"data": config.data.model_copy(update={"bundled": None})})
 
 
 def run(left_out: str, episodes: dict[str, list[Episode]], config: TrainConfig, out: Path,
@@ -85,24 +80,10 @@ def main() -> None:
     """Run the leave-one-domain-out experiments and print one summary table."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--leave-out", default=",".join(REPORTED))
-    parser.add_argument("--algo", default="cql")
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--distractors", type=int, default=8)
-    parser.add_argument("--answer-only-share", type=float, default=0.0,
-                        help="share of the episodes that never call a tool to train on")
-    parser.add_argument("--composed-share", type=float, default=0.5,
-                        help="share of the one-call episodes joined into two-part requests")
-    parser.add_argument("--tool-bias", action="store_true", help="learn per-tool biases (they do not transfer)")
-    parser.add_argument("--prerequisite-penalty", type=float, default=3.0,
-                        help="the default's prerequisite rule for tools (model.prerequisite_penalty)")
-    parser.add_argument("--prerequisite-finish-penalty", type=float, default=3.0,
-                        help="the rule for FINISH (model.prerequisite_finish_penalty)")
-    parser.add_argument("--open-part-finish-penalty", type=float, default=2.0,
-                        help="the default's rule for FINISH with a request part open (model.open_part_finish_penalty)")
-    parser.add_argument("--open-part-threshold", type=float, default=0.25,
-                        help="how much better an open tool must serve that part (model.open_part_threshold)")
-    parser.add_argument("--set", action="append", default=[], help="section.key=value config override")
+    parser.add_argument("--algo", default=None, help="algorithm (default: the recipe's)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--set", action="append", default=[], help="section.key=value: overrides the recipe")
     parser.add_argument("--out", type=Path, default=Path("runs/transfer"))
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()

@@ -11,6 +11,8 @@ does). Held-out splits stay out, so the figures measured on them stay fair:
   runs' and the replayed test tasks' held-out tasks);
 * 14 of tau2-bench retail's 74 tasks, spread over the task ids (:func:`tau2_retail_split`).
 
+The recipe is ``scripts/default_policy.yaml``.
+
 Usage: python scripts/train_default.py [--algo cql] [--steps 2000] [--json result.json]
        [--out evoharness_agent/trained/default]
 """
@@ -27,43 +29,24 @@ from pathlib import Path
 
 import torch
 
-from evoharness_agent.learning.config import TrainConfig
+from evoharness_agent.learning.config import load_config
 from evoharness_agent.learning.trainer import train_on_episodes
 from evoharness_agent.logs.bundled import training_set
 
-DEFAULT_CONFIG = {
-    "algorithm": {"name": "cql"},
-    # The decision rules (learning/networks.py): priors for users' tools the policy has no logs of, chosen
-    # on the validation suite and domains (see NetworkConfig.prerequisite_penalty, open_part_finish_penalty).
-    "model": {"tool_bias": False, "prerequisite_penalty": 3.0, "prerequisite_finish_penalty": 3.0,
-              "open_part_finish_penalty": 2.0, "open_part_threshold": 0.25},
-    # answer_only_share: chosen on the validation domains and the validation zero-shot suite. With the
-    # request-part coverage features (layout 5), dropping the episodes that never call a tool raised
-    # stabletoolbench's top-1 0.581 -> 0.584, FINISH accuracy 0.718 -> 0.736 and the validation suite's
-    # step accuracy 0.489 -> 0.522 (on layout 4 a fifth of them had helped stabletoolbench: 0.512 -> 0.534).
-    # bundled: recorded by name, so `evaluate --policy default` fits its baselines on the same episodes.
-    # composed_share: chosen on the validation domains left out (stabletoolbench, bfcl_single). Pairing half
-    # the one-call episodes into two-part requests raised stabletoolbench's FINISH accuracy 0.642 -> 0.704
-    # (top-1 0.534 -> 0.540, ECE 0.230 -> 0.162) and bfcl_single's top-1 0.786 -> 0.795; pairing all: 0.702, 0.787.
-    "data": {"bundled": "default", "distractors": 8, "val_fraction": 0.05, "answer_only_share": 0.0,
-             "composed_share": 0.5},
-    # fp32 even where bf16 is native: the shipped policy comes out the same on every machine.
-    "training": {"steps": 2000, "bf16": False},
-    "logging": {"tensorboard": False},
-}
+RECIPE = Path(__file__).with_name("default_policy.yaml")
+"""The shipped policy's training config, with why each setting was chosen."""
 
 
 def main() -> None:
     """Train and write the default policy."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--algo", default="cql")
-    parser.add_argument("--steps", type=int, default=DEFAULT_CONFIG["training"]["steps"])
+    parser.add_argument("--algo", default=None, help="algorithm (default: the recipe's, cql)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's)")
     parser.add_argument("--out", type=Path, default=Path("evoharness_agent/trained/default"))
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     episodes = training_set("default")
-    config = TrainConfig.model_validate({**DEFAULT_CONFIG, "algorithm": {"name": args.algo},
-                                         "training": {**DEFAULT_CONFIG["training"], "steps": args.steps}})
+    config = load_config(RECIPE, {"algorithm": {"name": args.algo}, "training": {"steps": args.steps}})
     start = time.perf_counter()
     result = train_on_episodes(episodes, config, args.out)
     seconds = time.perf_counter() - start

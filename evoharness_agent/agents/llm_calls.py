@@ -77,9 +77,11 @@ CHOOSE_JSON_PROMPT = (
 )
 ANSWER_PROMPT = (
     "Write the final answer to the user's request from the results of the tool calls below. "
-    # Small local models otherwise answer from the first (failed) call of a retried step.
-    "Calls run in order; a failed call may be followed by one that worked, so answer from the "
-    "results that worked. Be concise, and say so when the results do not answer the request."
+    # Small local models otherwise answer from the first call: a failed one of a retried step, or the
+    # Celsius reading a conversion replaced (the weather task of the README).
+    "Calls run in order, each building on the ones before: a failed call may be followed by one that "
+    "worked, and a value looked up may then be converted. Answer from the results that worked, with "
+    "the latest value of each thing. Be concise, and say so when the results do not answer the request."
 )
 REPAIR_PROMPT = "That reply was not valid: {error}\n{instruction}"
 

@@ -10,6 +10,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from evoharness_agent import cli
+from evoharness_agent.learning.config import load_config
 from evoharness_agent.logs import bundled
 from evoharness_agent.logs.importers import write_episodes
 from tests.kit.synthetic_logs import synthetic_episodes
@@ -76,9 +77,10 @@ def test_help_shows_both_forms() -> None:
 def test_shipped_default_records_its_training_data_by_name() -> None:
     meta = json.loads((Path(bundled.__file__).parents[1] / "trained" / "default" / "policy.json").read_text())
     assert meta["config"]["data"]["bundled"] == "default" and meta["config"]["data"]["paths"] == []
-    # scripts/train_default.py records it, so a rebuilt default keeps it.
-    script = (Path(bundled.__file__).parents[2] / "scripts" / "train_default.py").read_text()
-    assert '"bundled": "default"' in script
+    # The recipe scripts/train_default.py trains with is the shipped policy's config, so a rebuilt
+    # default is the same policy, and it keeps recording its data by name.
+    recipe = load_config(Path(bundled.__file__).parents[2] / "scripts" / "default_policy.yaml")
+    assert recipe.model_dump(mode="json") == meta["config"]
 
 
 def test_evaluate_default_without_baseline_data(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
