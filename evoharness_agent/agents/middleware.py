@@ -9,6 +9,10 @@ conversation so far, and
 * when a tool is best and confident (``force_threshold``), that tool is forced with
   ``tool_choice``, never twice in a row (a model forced to call a tool on every step cannot
   answer, and loops until the recursion limit);
+* when the call just made worked, another tool is best and answering now is unlikely
+  (FINISH's probability at most ``continue_threshold``), the model sees the ``top_k`` best tools
+  and must call one of them (``tool_choice="any"``): small models answer after the first result
+  ("18 C") when the request still asks for a conversion;
 * otherwise the model sees only the ``top_k`` best tools, and decides (``tool_choice`` unset:
   it may call one or answer).
 
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from langchain_core.messages import BaseMessage
+from langchain_core.tools import BaseTool
 
 from evoharness_agent.learning.checkpoints import DEFAULT_POLICY
 from evoharness_agent.logs.importers import LogFormatError, episode_from_messages
@@ -63,6 +68,11 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
         finish_threshold: the policy probability of FINISH, ranked best, from which the model
             call gets no tools at all (not even ``always_include``) and so answers (``None``:
             never). 0.8 stops only where about 80% of such stops are right.
+        continue_threshold: the policy probability of FINISH at or under which, right after a call
+            that worked and with another tool ranked best, the model must call one of the tools
+            it sees (``None``: never). 0.1 holds back only answers of which about 1 in 10 or fewer
+            would be right. Never when the best tool is the one just called (a poll or a retry:
+            the model decides when to stop).
         always_include: tool names the model always sees, ranked or not (unless it answers).
 
     Example:
@@ -74,17 +84,19 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
 
     def __init__(self, policy: RankingPolicy | str | Path = DEFAULT_POLICY, *, top_k: int = 3,
                  force_threshold: float | None = 0.8, finish_threshold: float | None = 0.8,
-                 always_include: Sequence[str] = ()) -> None:
+                 continue_threshold: float | None = 0.1, always_include: Sequence[str] = ()) -> None:
         super().__init__()
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
-        for name, threshold in (("force_threshold", force_threshold), ("finish_threshold", finish_threshold)):
+        for name, threshold in (("force_threshold", force_threshold), ("finish_threshold", finish_threshold),
+                                ("continue_threshold", continue_threshold)):
             if threshold is not None and not 0.0 <= threshold <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1] or None, got {threshold}")
         self.policy = ToolPolicy.load(policy) if isinstance(policy, (str, Path)) else policy
         self.top_k = top_k
         self.force_threshold = force_threshold
         self.finish_threshold = finish_threshold
+        self.continue_threshold = continue_threshold
         self.always_include = frozenset(always_include)
         self.last_ranking: list[ToolScore] = []
         """The ranking behind the latest model call (for inspection and tests)."""
@@ -101,13 +113,21 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
         top = ranking[0]
         if top.tool == FINISH and self.finish_threshold is not None and top.probability >= self.finish_threshold:
             return request.override(tools=[], tool_choice=None)  # no tool to call: the model answers
-        best = [score.tool for score in ranking if score.tool != FINISH][: self.top_k]
-        keep = [tool for tool in tools if tool.name in best or tool.name in self.always_include]
         provider_tools = [tool for tool in request.tools if isinstance(tool, dict)]
         previous = steps[-1].tool if steps and steps[-1].kind == "tool_call" else None
-        force = (self.force_threshold is not None and top.tool != FINISH
-                 and top.probability >= self.force_threshold and top.tool != previous)
-        return request.override(tools=[*keep, *provider_tools], tool_choice=top.tool if force else None)
+        finish = next((score.probability for score in ranking if score.tool == FINISH), None)
+        must_call = (top.tool not in (FINISH, previous) and self.continue_threshold is not None
+                     and previous is not None and not steps[-1].error
+                     and finish is not None and finish <= self.continue_threshold)
+        # A model that must call is not shown the tool that just worked: it would call it again.
+        skip = {FINISH, previous} if must_call else {FINISH}
+        best = [score.tool for score in ranking if score.tool not in skip][: self.top_k]
+        keep: list[BaseTool | dict[str, Any]] = [tool for tool in tools
+                                                 if tool.name in best or tool.name in self.always_include]
+        force = (self.force_threshold is not None and top.tool not in (FINISH, previous)
+                 and top.probability >= self.force_threshold)
+        return request.override(tools=[*keep, *provider_tools],
+                                tool_choice=top.tool if force else "any" if must_call else None)
 
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], ModelResponse]) -> Any:
         """Call the model with the policy's selection of tools."""

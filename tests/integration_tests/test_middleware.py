@@ -55,7 +55,7 @@ def test_a_confident_finish_leaves_the_model_no_tools(kit: SimpleNamespace, poli
     create_agent(llm, kit.tools, middleware=[unsure]).invoke({"messages": [HumanMessage(WEATHER)]})
     second_tools, second_choice = choices(llm)[1]
     assert len(second_tools) == 2 and second_choice is None
-    for bad in ({"finish_threshold": 1.5}, {"force_threshold": -0.1}):
+    for bad in ({"finish_threshold": 1.5}, {"force_threshold": -0.1}, {"continue_threshold": 2.0}):
         with pytest.raises(ValueError, match="probability"):
             PolicyToolSelectorMiddleware(policy, **bad)
 
@@ -69,6 +69,26 @@ def test_never_forces_the_same_tool_twice_in_a_row(kit: SimpleNamespace, policy:
     assert [choice for _, choice in choices(llm)] == ["check_job", None, None, None]
     assert selector.last_ranking[0].tool == "check_job" and selector.last_ranking[0].probability > 0.5
     assert all(tools == ["check_job"] for tools, _ in choices(llm))
+
+
+def test_a_call_is_required_while_answering_is_unlikely(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    task = "Find the population of Paris and double it."
+    script = (kit.call("search_web", query="population of Paris"), kit.call("calculator", expression="1000 * 2"),
+              "2000")
+    llm = kit.llm(*script)
+    selector = PolicyToolSelectorMiddleware(policy, top_k=2, force_threshold=None)
+    result = create_agent(llm, kit.tools, middleware=[selector]).invoke({"messages": [HumanMessage(task)]})
+    assert result["messages"][-1].content == "2000"
+    (_, first), (second_tools, second), (_, third) = choices(llm)
+    # After the search worked, the policy gives answering now a probability under 0.1 and ranks
+    # the calculator first: the model must call, and is not shown the search it just made.
+    assert first is None and second == "any" and third is None
+    assert "calculator" in second_tools and "search_web" not in second_tools and len(second_tools) == 2
+    free = PolicyToolSelectorMiddleware(policy, top_k=2, force_threshold=None, continue_threshold=None)
+    llm = kit.llm(*script)
+    create_agent(llm, kit.tools, middleware=[free]).invoke({"messages": [HumanMessage(task)]})
+    assert [choice for _, choice in choices(llm)] == [None, None, None]
+    assert "search_web" in choices(llm)[1][0]
 
 
 def test_not_forced_under_the_threshold_and_always_include(kit: SimpleNamespace, policy: ToolPolicy) -> None:

@@ -3,7 +3,8 @@
 No test double: ``trained/default`` picks each tool (it never saw these tools), Qwen2.5-Coder-0.5B
 (llama.cpp on CPU) fills the arguments and writes the answer. "What is the weather in Paris right
 now, in Fahrenheit?" needs ``get_weather``, then ``convert_temperature``, then the answer; the
-e-mail tool stays unused. Skipped without the ``local`` extra; about 20 s on 2 cores.
+e-mail tool stays unused, through ``PolicyAgentExecutor`` and through ``create_agent`` with the
+middleware. Skipped without the ``local`` extra; about 25 s on 2 cores.
 
 The tools are described as a user would describe them. Described as "... with the temperature in
 Celsius", ``get_weather`` matches "in Fahrenheit" nearly as well as the converter does, and the
@@ -14,11 +15,14 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 pytest.importorskip("xllamacpp")
 
+from langchain_core.callbacks import BaseCallbackHandler  # noqa: E402
+from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
 from langchain_core.tools import BaseTool, tool  # noqa: E402
 
 from evoharness_agent.agents.executor import PolicyAgentAction, PolicyAgentExecutor  # noqa: E402
@@ -83,3 +87,38 @@ def test_the_default_looks_up_converts_and_answers(llm: LocalChatModel, agent_en
     assert not SENT
     # The answer is the converted value, not the Celsius reading the conversion replaced.
     assert "64.4" in result["output"], result["output"]
+
+
+class ModelCalls(BaseCallbackHandler):
+    """Counts chat-model calls and the tools bound to each."""
+
+    def __init__(self) -> None:
+        self.bound: list[list[str]] = []
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+        tools = (kwargs.get("invocation_params") or {}).get("tools") or []
+        self.bound.append([t["name"] for t in tools])
+
+
+def test_create_agent_with_the_middleware_converts_then_stops(llm: LocalChatModel,
+                                                              agent_encoder: StateEncoder) -> None:
+    pytest.importorskip("langchain.agents")
+    from langchain.agents import create_agent
+
+    from evoharness_agent.agents.middleware import PolicyToolSelectorMiddleware
+
+    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=agent_encoder, device="cpu")
+    SENT.clear()
+    calls = ModelCalls()
+    graph = create_agent(llm, TOOLS, middleware=[PolicyToolSelectorMiddleware(policy, top_k=2)])
+    result = graph.invoke({"messages": [HumanMessage("What is the weather in Paris right now, in Fahrenheit?")]},
+                          {"callbacks": [calls], "recursion_limit": 14})
+
+    made = [call["name"] for m in result["messages"] if isinstance(m, AIMessage) for call in m.tool_calls]
+    assert made == ["get_weather", "convert_temperature"], made
+    # After get_weather the model had to call (FINISH was unlikely) and was not shown get_weather
+    # again; after the conversion the policy was sure of FINISH, so the last call had no tools.
+    assert len(calls.bound) == 3 and "get_weather" not in calls.bound[1] and calls.bound[2] == []
+    final = result["messages"][-1]
+    assert isinstance(final, AIMessage) and not final.tool_calls and final.text.strip()
+    assert not SENT
