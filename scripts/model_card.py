@@ -69,11 +69,13 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path)
     network = meta["network"]
     if "prerequisite_penalty" in network:
         lines.append(f"- Decision rule (when it acts, not learned): a tool waiting for a prerequisite lookup loses "
-                     f"{network['prerequisite_penalty']}, answering while that would leave the lookup chain half "
+                     f"{network['prerequisite_penalty']} and ranks below the best tool that provides the identifier, "
+                     "answering while that would leave the lookup chain half "
                      f"done loses {network.get('prerequisite_finish_penalty', 0.0)}, and answering after a call "
                      f"while an open tool serves a request part no called tool serves by at least "
                      f"{network.get('open_part_threshold', 0.25)} loses {network.get('open_part_finish_penalty', 0.0)} "
-                     "(`learning/networks.py`, `waiting_for_prerequisite`, `answer_waits`, `answer_leaves_part`).")
+                     "(`learning/networks.py`, `waiting_for_prerequisite`, `below_providers`, `answer_waits`, "
+                     "`answer_leaves_part`).")
     hardware = train.get("hardware", {})
     lines.append(f"- Training time: {train.get('seconds', 0):.0f} s on {hardware.get('device', '?')} "
                  f"({hardware.get('cpu_count', '?')} CPU cores, torch {hardware.get('torch', '?')}; wall time, "

@@ -17,10 +17,12 @@ from evoharness_agent.learning.algorithms.cql import cql_penalty
 from evoharness_agent.learning.algorithms.iql import advantage_weights, expectile_loss
 from evoharness_agent.learning.networks import (
     DENSE_TABLE_FACTOR,
+    PROVIDER_MARGIN,
     NetworkConfig,
     ToolScorer,
     answer_leaves_part,
     answer_waits,
+    below_providers,
     masked_log_softmax,
     masked_scores,
     waiting_for_prerequisite,
@@ -391,6 +393,26 @@ def test_a_tool_waiting_for_its_prerequisite_loses_the_penalty_only_when_acting(
         assert torch.equal(off(states, tools, None, pairs, acting=True), learned)
 
 
+def test_a_waiting_tool_ranks_just_below_its_best_provider() -> None:
+    column = PAIR_FEATURES.index
+    pairs = torch.zeros(2, 5, N_PAIR_FEATURES)  # find_customer, list_orders, lookup_2, get_weather, FINISH
+    pairs[:, :, column("available")] = 1.0
+    pairs[:, 4, column("is_finish")] = 1.0
+    pairs[:, 1, column("missing_ids")] = 1.0
+    pairs[0, [0, 2], column("provides_missing")] = 1.0  # state 0: two lookups can give the id
+    pairs[1, 0, column("provides_missing")] = 1.0
+    pairs[1, 0, column("called_in_turn")] = 1.0  # state 1: the only lookup was called: nothing to wait for
+    scores = torch.tensor([[1.0, 9.0, 2.0, 5.0, 0.0], [1.0, 9.0, 2.0, 5.0, 0.0]])
+    waiting = waiting_for_prerequisite(pairs)
+    capped = below_providers(scores, pairs, waiting)
+    # list_orders matched the request best; now it ranks just under the better lookup, above the first.
+    assert capped[0].tolist() == pytest.approx([1.0, 2.0 - PROVIDER_MARGIN, 2.0, 5.0, 0.0])
+    assert torch.equal(capped[1], scores[1])
+    low = scores.clone()
+    low[0, 1] = 0.5  # already below its lookups: unchanged
+    assert torch.equal(below_providers(low, pairs, waiting), low)
+
+
 def test_answering_waits_right_after_the_lookup_of_the_best_matching_tool() -> None:
     column = PAIR_FEATURES.index
     pairs = torch.zeros(3, 4, N_PAIR_FEATURES)  # find_customer (called), list_orders, get_weather, FINISH
@@ -426,8 +448,11 @@ def test_every_algorithm_acts_with_the_prerequisite_penalty(name: str) -> None:
         scorer.prerequisite_penalty = scorer.prerequisite_finish_penalty = 0.0
         plain = algorithm.scores(states, pairs)
     expected = torch.zeros(3, N_TOOLS)
-    expected[:, 1], expected[:, 4] = 3.0, 2.0
-    assert torch.allclose(plain - acted, expected, atol=1e-4)
+    expected[:, 4] = 2.0
+    lost = plain - acted
+    assert torch.allclose(lost[:, [0, 2, 3, 4]], expected[:, [0, 2, 3, 4]], atol=1e-4)
+    # The waiting tool loses at least the penalty (more where it still ranked above its lookup).
+    assert (lost[:, 1] >= 3.0 - 1e-4).all()
     assert NetworkConfig().prerequisite_penalty == NetworkConfig().prerequisite_finish_penalty == 0.0  # off by default
     assert NetworkConfig().open_part_finish_penalty == 0.0
 
