@@ -40,7 +40,7 @@ from evoharness_agent.schema import FINISH, Step, ToolSpec, as_tool_spec, finish
 if TYPE_CHECKING:  # onnxruntime is the optional ``onnx`` extra: imported only for backend="onnx"
     from evoharness_agent.inference.onnx_runtime import OnnxScorer
 
-__all__ = ["PolicySession", "RankingPolicy", "RankingSession", "ToolPolicy", "ToolScore"]
+__all__ = ["PolicySession", "RankingPolicy", "RankingSession", "ToolPolicy", "ToolScore", "call_is_due"]
 
 TOOL_TABLES_KEPT = 16
 """Tool tables a :class:`ToolPolicy` keeps embedded (one per tool set it ranks; a server sees several)."""
@@ -56,6 +56,19 @@ class ToolScore:
     tool: str
     score: float
     probability: float
+
+
+def call_is_due(ranking: Sequence[ToolScore], just_worked: str | None, threshold: float | None) -> bool:
+    """Return whether the agent must call a tool now rather than answer.
+
+    True right after a call of ``just_worked`` that worked (``None``: no such call), while another
+    tool is ranked first and FINISH's calibrated probability is at most ``threshold`` (``None``:
+    never): answering there is right about ``threshold`` of the time or less. Never when the best
+    tool is the one just called (a poll, a retry): when to stop is then the LLM's call.
+    """
+    finish = next((score.probability for score in ranking if score.tool == FINISH), None)
+    return (threshold is not None and just_worked is not None and finish is not None and finish <= threshold
+            and bool(ranking) and ranking[0].tool not in (FINISH, just_worked))
 
 
 @runtime_checkable

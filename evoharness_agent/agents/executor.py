@@ -56,7 +56,7 @@ from evoharness_agent.agents.llm_calls import (
 )
 from evoharness_agent.learning.checkpoints import DEFAULT_POLICY
 from evoharness_agent.logs.events import RANK_EVENT, RUN_EVENT, STEP_EVENT
-from evoharness_agent.policy import RankingPolicy, RankingSession, ToolPolicy, ToolScore
+from evoharness_agent.policy import RankingPolicy, RankingSession, ToolPolicy, ToolScore, call_is_due
 from evoharness_agent.schema import (
     FINISH,
     Step,
@@ -173,7 +173,12 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
     probability is calibrated: 0.9 hands over every choice of which fewer than about 90% are right."""
     top_k: int = Field(default=3, ge=1)
     """In hybrid mode, how many of the policy's best options (FINISH included) the LLM sees as tools;
-    answering now is always one of its options."""
+    answering now is one of its options too, unless a call is due (``continue_threshold``)."""
+    continue_threshold: float | None = Field(default=0.1, ge=0.0, le=1.0)
+    """In hybrid mode, the policy probability of FINISH at or under which, right after a call that
+    worked and with another tool ranked best, the LLM must call one of the top tools (not the one
+    just called) rather than answer (``None``: it may always answer). 0.1 holds back only answers
+    of which about 1 in 10 or fewer would be right; :class:`PolicyToolSelectorMiddleware` does the same."""
     guardrails: Guardrails | None = None
     """Allow-list, call budgets, confirmation of high-risk tools and the audit log."""
     system_prompt: str | None = None
@@ -366,9 +371,10 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         if run.ranking:
             callbacks.on_custom_event(RANK_EVENT, self._rank_event(run), run_id=run_manager.run_id)
         if candidates is not None:
+            tools, may_answer = candidates
             try:
-                return self._from_choice(run, choose_tool(self.llm, candidates, self._messages(run), config),
-                                         available)
+                return self._from_choice(run, choose_tool(self.llm, tools, self._messages(run), config,
+                                                          may_answer=may_answer), available)
             except OutputParserException as error:
                 return self._unusable("_Exception", error, "llm")
             except LLMCallError as error:
@@ -482,8 +488,9 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         if run.ranking:
             await callbacks.on_custom_event(RANK_EVENT, self._rank_event(run), run_id=run_manager.run_id)
         if candidates is not None:
+            tools, may_answer = candidates
             try:
-                choice = await achoose_tool(self.llm, candidates, self._messages(run), config)
+                choice = await achoose_tool(self.llm, tools, self._messages(run), config, may_answer=may_answer)
                 return self._from_choice(run, choice, available)
             except OutputParserException as error:
                 return self._unusable("_Exception", error, "llm")
@@ -551,18 +558,23 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
             return False
         return self.max_execution_time is None or run.elapsed() < self.max_execution_time
 
-    def _llm_candidates(self, run: _Run, available: set[str]) -> list[BaseTool] | None:
-        """Return the tools the LLM chooses among this step, or ``None`` when the policy decides.
+    def _llm_candidates(self, run: _Run, available: set[str]) -> tuple[list[BaseTool], bool] | None:
+        """Return the tools the LLM chooses among and whether it may answer; ``None`` when the policy decides.
 
         Ranks with the policy first (kept in ``run.ranking`` for :meth:`_decide`).
         """
         if self.mode == "llm":
-            return [tool for tool in self.tools if tool.name in available]
+            return [tool for tool in self.tools if tool.name in available], True
         assert run.session is not None  # _new_run opens one outside llm mode
         run.ranking = run.session.rank(available)
-        if self.mode == "hybrid" and run.ranking[0].probability < self.confidence_threshold:
-            return [self.lookup_tool(s.tool) for s in run.ranking[: self.top_k] if s.tool != FINISH]
-        return None
+        if self.mode != "hybrid" or run.ranking[0].probability >= self.confidence_threshold:
+            return None
+        previous = run.steps[-1][0].tool if run.steps else None
+        must_call = call_is_due(run.ranking, None if not run.steps or run.failed[-1] else previous,
+                                self.continue_threshold)
+        # A model that must call is not offered the call that just worked: it would make it again.
+        skip = {FINISH, previous} if must_call else {FINISH}
+        return [self.lookup_tool(s.tool) for s in run.ranking[: self.top_k] if s.tool not in skip], not must_call
 
     def _from_choice(self, run: _Run, choice: LLMChoice, available: set[str]) -> _Finish | _Act:
         """Turn the LLM's choice into a decision; an unknown tool is answered like `AgentExecutor` does.

@@ -69,6 +69,16 @@ CHOOSE_PROMPT = (
     "You are an agent using tools. Call the one tool that best serves the next step of the user's "
     "request, or, when the results so far are enough, reply with the final answer in plain text."
 )
+CALL_PROMPT = (
+    "You are an agent using tools. The request is not done yet: call the one tool that best serves "
+    "the next step of the user's request."
+)
+CALL_JSON_PROMPT = (
+    "You are an agent using tools. The request is not done yet: pick the one tool that best serves "
+    "the next step of the user's request. The options:\n{tools}\n"
+    'Reply with one JSON object and nothing else: {{"tool": "<tool name>", '
+    '"arguments": {{...the tool\'s arguments...}}}}'
+)
 CHOOSE_JSON_PROMPT = (
     "You are an agent using tools. Pick the one tool that best serves the next step of the user's "
     "request, or FINISH when the results so far are enough. The options:\n{tools}\n"
@@ -296,19 +306,22 @@ def _takes_arguments(tool: BaseTool) -> bool:
 
 
 class _Choose:
-    """One tool-choice exchange among candidate tools; answering now (FINISH) is always an option."""
+    """One tool-choice exchange among candidate tools; answering now (FINISH) is an option unless a call is due."""
 
-    def __init__(self, llm: BaseChatModel, tools: Sequence[BaseTool], messages: Sequence[BaseMessage]) -> None:
+    def __init__(self, llm: BaseChatModel, tools: Sequence[BaseTool], messages: Sequence[BaseMessage],
+                 may_answer: bool = True) -> None:
         self.tools = {tool.name: tool for tool in tools}
-        bound = _bind(llm, tools) if tools else llm
+        self.may_answer = may_answer or not tools
+        bound = (_bind(llm, tools) if self.may_answer else _bind(llm, tools, tool_choice="any")) if tools else llm
         self.json_mode = bound is None
         self.runnable: _ChatRunnable = llm if bound is None else bound
         if self.json_mode:
             listing = [f"- {t.name}: {t.description} Arguments schema: {_schema_json(t)}" for t in tools]
-            listing.append(f"- {FINISH}: {FINISH_DESCRIPTION} No arguments; write the reply as the answer.")
-            system = CHOOSE_JSON_PROMPT.format(tools="\n".join(listing))
+            if self.may_answer:
+                listing.append(f"- {FINISH}: {FINISH_DESCRIPTION} No arguments; write the reply as the answer.")
+            system = (CHOOSE_JSON_PROMPT if self.may_answer else CALL_JSON_PROMPT).format(tools="\n".join(listing))
         else:
-            system = CHOOSE_PROMPT
+            system = CHOOSE_PROMPT if self.may_answer else CALL_PROMPT
         self.messages = _with_system(system, messages)
 
     def read(self, reply: AIMessage) -> LLMChoice | str:
@@ -323,17 +336,20 @@ class _Choose:
             if getattr(reply, "invalid_tool_calls", []):
                 bad = reply.invalid_tool_calls[0]
                 return f"invalid tool call ({bad.get('error') or bad.get('args')})"
-            return LLMChoice(None, reply.text)
+            return LLMChoice(None, reply.text) if self.may_answer else "no tool call: the request needs one now"
         try:
             picked = parse_json_markdown(reply.text)
         except (json.JSONDecodeError, ValueError, TypeError) as error:
             return f"not a JSON object ({_one_line(error)})"
-        if isinstance(picked, dict) and picked.get("tool") in (None, "") and isinstance(picked.get("answer"), str):
-            return LLMChoice(None, picked["answer"])  # an answer without the tool key: FINISH all the same
+        answers = isinstance(picked, dict) and (
+            (picked.get("tool") in (None, "") and isinstance(picked.get("answer"), str))  # no tool key: FINISH
+            or (isinstance(picked.get("tool"), str) and picked["tool"].strip().upper() == FINISH))
+        if answers and not self.may_answer:
+            return "no tool picked: the request needs a call now"
+        if answers:
+            return LLMChoice(None, str(picked.get("answer") or ""))
         if not isinstance(picked, dict) or not isinstance(picked.get("tool"), str):
             return 'expected a JSON object with a "tool" name'
-        if picked["tool"].strip().upper() == FINISH:
-            return LLMChoice(None, str(picked.get("answer") or ""))
         arguments = picked.get("arguments") or {}
         tool = self.tools.get(picked["tool"])
         invalid = validation_error(tool, arguments) if tool is not None else None
@@ -343,7 +359,8 @@ class _Choose:
     def repair(self, reply: BaseMessage, error: str) -> list[BaseMessage]:
         """Return the retry prompt after an unusable reply."""
         instruction = ("Reply with the corrected JSON object only." if self.json_mode
-                       else "Call one of the tools with valid arguments, or answer in plain text.")
+                       else "Call one of the tools with valid arguments, or answer in plain text." if self.may_answer
+                       else "Call one of the tools with valid arguments.")
         shown = reply.text or json.dumps(getattr(reply, "invalid_tool_calls", []), default=str)
         return [*self.messages, AIMessage(shown), HumanMessage(REPAIR_PROMPT.format(error=error,
                                                                                     instruction=instruction))]
@@ -365,14 +382,16 @@ class _Choose:
 
 
 def choose_tool(llm: BaseChatModel, tools: Sequence[BaseTool], messages: Sequence[BaseMessage],
-                config: RunnableConfig | None = None) -> LLMChoice:
+                config: RunnableConfig | None = None, *, may_answer: bool = True) -> LLMChoice:
     """Let the LLM call one of ``tools`` or answer now (FINISH), with one repair retry.
 
     With tool calling, ``tools`` are bound with ``tool_choice`` unset ("auto") and a reply
     without tool calls is the answer; without, the JSON prompt lists FINISH among the options.
-    Without ``tools`` the LLM just answers.
+    Without ``tools`` the LLM just answers. ``may_answer=False`` makes a call due: the tools are
+    bound with ``tool_choice="any"`` (the JSON prompt leaves FINISH out) and an answer is
+    repaired like an invalid reply.
     """
-    choose = _Choose(llm, tools, messages)
+    choose = _Choose(llm, tools, messages, may_answer)
     reply = invoke_llm(choose.runnable, choose.messages, config)
     read = choose.read(reply)
     if (error := choose.error_of(read)) is not None:
@@ -382,9 +401,9 @@ def choose_tool(llm: BaseChatModel, tools: Sequence[BaseTool], messages: Sequenc
 
 
 async def achoose_tool(llm: BaseChatModel, tools: Sequence[BaseTool], messages: Sequence[BaseMessage],
-                       config: RunnableConfig | None = None) -> LLMChoice:
+                       config: RunnableConfig | None = None, *, may_answer: bool = True) -> LLMChoice:
     """Async :func:`choose_tool`."""
-    choose = _Choose(llm, tools, messages)
+    choose = _Choose(llm, tools, messages, may_answer)
     reply = await ainvoke_llm(choose.runnable, choose.messages, config)
     read = choose.read(reply)
     if (error := choose.error_of(read)) is not None:

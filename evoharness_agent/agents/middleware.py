@@ -34,7 +34,7 @@ from langchain_core.tools import BaseTool
 
 from evoharness_agent.learning.checkpoints import DEFAULT_POLICY
 from evoharness_agent.logs.importers import LogFormatError, episode_from_messages
-from evoharness_agent.policy import RankingPolicy, ToolPolicy, ToolScore
+from evoharness_agent.policy import RankingPolicy, ToolPolicy, ToolScore, call_is_due
 from evoharness_agent.schema import FINISH, Step
 
 try:
@@ -115,10 +115,8 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
             return request.override(tools=[], tool_choice=None)  # no tool to call: the model answers
         provider_tools = [tool for tool in request.tools if isinstance(tool, dict)]
         previous = steps[-1].tool if steps and steps[-1].kind == "tool_call" else None
-        finish = next((score.probability for score in ranking if score.tool == FINISH), None)
-        must_call = (top.tool not in (FINISH, previous) and self.continue_threshold is not None
-                     and previous is not None and not steps[-1].error
-                     and finish is not None and finish <= self.continue_threshold)
+        must_call = call_is_due(ranking, previous if previous and not steps[-1].error else None,
+                                self.continue_threshold)
         # A model that must call is not shown the tool that just worked: it would call it again.
         skip = {FINISH, previous} if must_call else {FINISH}
         best = [score.tool for score in ranking if score.tool not in skip][: self.top_k]

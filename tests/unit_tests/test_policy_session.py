@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from evoharness_agent.encoding.embedder import StateEncoder
-from evoharness_agent.policy import TOOL_TABLES_KEPT, ToolPolicy
+from evoharness_agent.policy import TOOL_TABLES_KEPT, ToolPolicy, ToolScore, call_is_due
 from evoharness_agent.schema import FINISH, Step, ToolSpec
 
 TOOLS = [ToolSpec(name="search_web", description="Search the web"),
@@ -83,3 +83,15 @@ def test_a_session_embeds_each_request_with_its_clauses_and_ranks_on_one_tool_ta
     for i in range(TOOL_TABLES_KEPT + 1):  # a bounded number of tool sets stays embedded
         policy.rank(task, [], [*TOOLS, ToolSpec(name=f"extra_{i}", description=f"Extra tool {i}")])
     assert len(policy._tool_tables) == TOOL_TABLES_KEPT
+
+
+def test_a_call_is_due_only_after_a_call_that_worked_while_answering_is_unlikely() -> None:
+    ranking = [ToolScore("convert", 2.0, 0.66), ToolScore("get_weather", 1.0, 0.27), ToolScore(FINISH, 0.0, 0.07)]
+    assert call_is_due(ranking, "get_weather", 0.1)
+    assert not call_is_due(ranking, "get_weather", 0.05)  # answering is likelier than the threshold
+    assert not call_is_due(ranking, None, 0.1)  # nothing called yet, or the call failed
+    assert not call_is_due(ranking, "get_weather", None)  # off
+    assert not call_is_due(ranking, "convert", 0.1)  # the best tool is the one just called: a poll or retry
+    finish_first = [ToolScore(FINISH, 2.0, 0.05), *ranking[:2]]
+    assert not call_is_due(finish_first, "get_weather", 0.1)
+    assert not call_is_due([], "get_weather", 0.1)

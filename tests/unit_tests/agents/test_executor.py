@@ -231,6 +231,37 @@ def test_hybrid_llm_may_answer_instead_of_calling(kit: SimpleNamespace, policy: 
         "output"] == "Sunny."
 
 
+def test_hybrid_llm_must_call_while_answering_is_unlikely(kit: SimpleNamespace, policy: ToolPolicy) -> None:
+    task = "Find the population of Paris and double it."
+    search, double = kit.call("search_web", query="population of Paris"), kit.call("calculator", expression="1000 * 2")
+    llm = kit.llm(search, "Paris has 1000 people.", double, "2000")
+    result = agent(kit, policy, llm, mode="hybrid", confidence_threshold=1.0, top_k=3,
+                   return_intermediate_steps=True).invoke({"input": task})
+    assert [step[0] for step in tools_of(result)] == ["search_web", "calculator"] and result["output"] == "2000"
+    # After the search worked the policy put FINISH at 0.1 or less and the calculator first: the
+    # LLM had to call (tool_choice "any"), without the search it had just made; its answer was
+    # sent back for repair, and the retry called the calculator.
+    first, due, repair, last = llm.calls
+    assert first["tool_choice"] is None and last["tool_choice"] is None
+    assert due["tool_choice"] == repair["tool_choice"] == "any"
+    assert "calculator" in due["tools"] and "search_web" not in due["tools"]
+    assert "The request is not done yet" in due["messages"][0].content
+    # Without tool calling the JSON prompt leaves FINISH out, and an answer is repaired the same way.
+    llm = kit.llm('{"tool": "search_web", "arguments": {"query": "population of Paris"}}',
+                  '{"tool": "FINISH", "answer": "1000"}',
+                  '{"tool": "calculator", "arguments": {"expression": "1000 * 2"}}',
+                  '{"tool": "FINISH", "answer": "2000"}', tool_calling=False)
+    result = agent(kit, policy, llm, mode="hybrid", confidence_threshold=1.0,
+                   return_intermediate_steps=True).invoke({"input": task})
+    assert [step[0] for step in tools_of(result)] == ["search_web", "calculator"]
+    assert "- FINISH:" not in llm.calls[1]["messages"][0].content and result["output"] == "2000"
+    # continue_threshold=None: the LLM may always answer.
+    llm = kit.llm(search, "Paris has 1000 people.")
+    result = agent(kit, policy, llm, mode="hybrid", confidence_threshold=1.0, continue_threshold=None,
+                   return_intermediate_steps=True).invoke({"input": task})
+    assert result["output"] == "Paris has 1000 people." and llm.calls[1]["tool_choice"] is None
+
+
 def test_hybrid_takes_a_repeated_successful_call_as_the_answer(kit: SimpleNamespace, policy: ToolPolicy) -> None:
     weather = kit.call("get_weather", city="Tokyo")
     llm = kit.llm(weather, weather, "Sunny in Tokyo.")
