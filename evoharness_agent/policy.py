@@ -68,7 +68,7 @@ def call_is_due(ranking: Sequence[ToolScore], just_worked: str | None, threshold
     """
     finish = next((score.probability for score in ranking if score.tool == FINISH), None)
     return (threshold is not None and just_worked is not None and finish is not None and finish <= threshold
-            and bool(ranking) and ranking[0].tool not in (FINISH, just_worked))
+            and ranking[0].tool not in (FINISH, just_worked))
 
 
 @runtime_checkable

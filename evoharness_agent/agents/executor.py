@@ -569,11 +569,10 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         run.ranking = run.session.rank(available)
         if self.mode != "hybrid" or run.ranking[0].probability >= self.confidence_threshold:
             return None
-        previous = run.steps[-1][0].tool if run.steps else None
-        must_call = call_is_due(run.ranking, None if not run.steps or run.failed[-1] else previous,
-                                self.continue_threshold)
+        just_worked = run.steps[-1][0].tool if run.steps and not run.failed[-1] else None
+        must_call = call_is_due(run.ranking, just_worked, self.continue_threshold)
         # A model that must call is not offered the call that just worked: it would make it again.
-        skip = {FINISH, previous} if must_call else {FINISH}
+        skip = {FINISH, just_worked} if must_call else {FINISH}
         return [self.lookup_tool(s.tool) for s in run.ranking[: self.top_k] if s.tool not in skip], not must_call
 
     def _from_choice(self, run: _Run, choice: LLMChoice, available: set[str]) -> _Finish | _Act:

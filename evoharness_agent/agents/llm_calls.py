@@ -312,7 +312,8 @@ class _Choose:
                  may_answer: bool = True) -> None:
         self.tools = {tool.name: tool for tool in tools}
         self.may_answer = may_answer or not tools
-        bound = (_bind(llm, tools) if self.may_answer else _bind(llm, tools, tool_choice="any")) if tools else llm
+        due: dict[str, Any] = {} if self.may_answer else {"tool_choice": "any"}
+        bound = _bind(llm, tools, **due) if tools else llm
         self.json_mode = bound is None
         self.runnable: _ChatRunnable = llm if bound is None else bound
         if self.json_mode:

@@ -18,14 +18,11 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-from uuid import UUID
 
 import pytest
 
 pytest.importorskip("xllamacpp")
 
-from langchain_core.callbacks import BaseCallbackHandler  # noqa: E402
 from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
 from langchain_core.tools import BaseTool, tool  # noqa: E402
 
@@ -34,10 +31,10 @@ from evoharness_agent.encoding.embedder import StateEncoder  # noqa: E402
 from evoharness_agent.learning.config import TrainConfig  # noqa: E402
 from evoharness_agent.learning.trainer import train_on_episodes  # noqa: E402
 from evoharness_agent.local_llm import MODELS, LocalChatModel  # noqa: E402
-from evoharness_agent.logs.events import RANK_EVENT  # noqa: E402
 from evoharness_agent.policy import ToolPolicy  # noqa: E402
 from evoharness_agent.schema import FINISH, Episode, Step, as_tool_spec  # noqa: E402
 from tests.kit.agent_logs import POLICY_CONFIG  # noqa: E402
+from tests.kit.chat_models import ModelCalls  # noqa: E402
 
 MODEL = "qwen2.5-coder-0.5b"
 _MISSING_CHUNKS = [m for m in MODELS[MODEL].chunk_modules if importlib.util.find_spec(m) is None]
@@ -134,25 +131,6 @@ def llm() -> Iterator[LocalChatModel]:
     model = LocalChatModel.from_pretrained(MODEL, max_tokens=128).load()
     yield model
     model.close()
-
-
-class ModelCalls(BaseCallbackHandler):
-    """Counts chat-model calls and keeps the executor's RANK_EVENT payloads."""
-
-    def __init__(self) -> None:
-        self.model_calls = 0
-        self.bound: list[list[str]] = []
-        """The tools bound to each model call."""
-        self.rankings: list[list[dict[str, Any]]] = []
-
-    def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
-        self.model_calls += 1
-        tools = (kwargs.get("invocation_params") or {}).get("tools") or []
-        self.bound.append([t["name"] for t in tools])
-
-    def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        if name == RANK_EVENT:
-            self.rankings.append(data["ranking"])
 
 
 def test_auto_tool_choice_may_answer_and_required_still_calls(llm: LocalChatModel) -> None:

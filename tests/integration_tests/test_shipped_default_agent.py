@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 pytest.importorskip("xllamacpp")
 
-from langchain_core.callbacks import BaseCallbackHandler  # noqa: E402
 from langchain_core.messages import AIMessage, HumanMessage  # noqa: E402
 from langchain_core.tools import BaseTool, tool  # noqa: E402
 
@@ -30,6 +28,7 @@ from evoharness_agent.demo import SHIPPED_POLICY  # noqa: E402
 from evoharness_agent.encoding.embedder import StateEncoder  # noqa: E402
 from evoharness_agent.local_llm import MODELS, LocalChatModel  # noqa: E402
 from evoharness_agent.policy import ToolPolicy  # noqa: E402
+from tests.kit.chat_models import ModelCalls  # noqa: E402
 
 MODEL = "qwen2.5-coder-0.5b"
 _MISSING_CHUNKS = [m for m in MODELS[MODEL].chunk_modules if importlib.util.find_spec(m) is None]
@@ -87,17 +86,6 @@ def test_the_default_looks_up_converts_and_answers(llm: LocalChatModel, agent_en
     assert not SENT
     # The answer is the converted value, not the Celsius reading the conversion replaced.
     assert "64.4" in result["output"], result["output"]
-
-
-class ModelCalls(BaseCallbackHandler):
-    """Counts chat-model calls and the tools bound to each."""
-
-    def __init__(self) -> None:
-        self.bound: list[list[str]] = []
-
-    def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
-        tools = (kwargs.get("invocation_params") or {}).get("tools") or []
-        self.bound.append([t["name"] for t in tools])
 
 
 def test_create_agent_with_the_middleware_converts_then_stops(llm: LocalChatModel,

@@ -1,4 +1,4 @@
-"""Test doubles for the LLM: a chat model that replays scripted replies, and a callback event log.
+"""Test doubles for the LLM: a chat model that replays scripted replies, and callback logs.
 
 The chat model is a double for the LLM only (it records what it was asked); the policies the
 tests run against it are really trained.
@@ -16,6 +16,8 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import Field
+
+from evoharness_agent.logs.events import RANK_EVENT
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -137,3 +139,22 @@ class ConfigLog(BaseCallbackHandler):
 
     def _record(self, kind: str, name: str, tags: Any, metadata: Any) -> None:
         self.runs.append((kind, name, CONFIG["tags"][0] in (tags or []), (metadata or {}).get("m")))
+
+
+class ModelCalls(BaseCallbackHandler):
+    """Counts chat-model calls, the tools bound to each, and keeps the executor's RANK_EVENT payloads."""
+
+    def __init__(self) -> None:
+        self.model_calls = 0
+        self.bound: list[list[str]] = []
+        """The tools bound to each model call."""
+        self.rankings: list[list[dict[str, Any]]] = []
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, **kwargs: Any) -> None:
+        self.model_calls += 1
+        tools = (kwargs.get("invocation_params") or {}).get("tools") or []
+        self.bound.append([t["name"] for t in tools])
+
+    def on_custom_event(self, name: str, data: Any, *, run_id: uuid.UUID, **kwargs: Any) -> None:
+        if name == RANK_EVENT:
+            self.rankings.append(data["ranking"])
