@@ -73,9 +73,12 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path)
                      "answering while that would leave the lookup chain half "
                      f"done loses {network.get('prerequisite_finish_penalty', 0.0)}, and answering after a call "
                      f"while an open tool serves a request part no called tool serves by at least "
-                     f"{network.get('open_part_threshold', 0.25)} loses {network.get('open_part_finish_penalty', 0.0)} "
+                     f"{network.get('open_part_threshold', 0.25)} loses "
+                     f"{network.get('open_part_finish_penalty', 0.0)}, "
+                     "and answering while only lookups ran and the request's verb names an open action loses "
+                     f"{network.get('asked_action_finish_penalty', 0.0)} "
                      "(`learning/networks.py`, `waiting_for_prerequisite`, `below_providers`, `answer_waits`, "
-                     "`answer_leaves_part`).")
+                     "`answer_leaves_part`, `answer_skips_action`).")
     hardware = train.get("hardware", {})
     lines.append(f"- Training time: {train.get('seconds', 0):.0f} s on {hardware.get('device', '?')} "
                  f"({hardware.get('cpu_count', '?')} CPU cores, torch {hardware.get('torch', '?')}; wall time, "

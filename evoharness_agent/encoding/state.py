@@ -12,14 +12,16 @@ slot                  text
 features              calls since the request (scaled), whether the last call failed
 ====================  ======================================================================
 
-plus, per candidate tool, the pair features of :data:`PAIR_FEATURES`: what the history says about
-that tool (called in this turn, just called and it worked or failed, how often), whether the
-request names it, whether its required identifiers are still unknown, whether it is the
-tool that would give an identifier another tool still needs (a prerequisite: ``find_customer``
-before ``list_orders(customer_id)``; the parameter schemas say so), and how well it serves a
-part of the request that no tool called in this turn serves yet (:func:`part_coverage`: "the
-weather in Paris, in Fahrenheit" still needs a conversion after ``get_weather``). They describe
-a tool by its relation to the state, never by its identity, so they carry over to tools never seen.
+plus, per candidate tool, the pair features of :data:`PAIR_FEATURES`: what the history says
+about that tool (called in this turn, just called and it worked or failed, how often), whether
+the request names it or a clause of the request starts with its verb ("Book the cheapest
+flight": ``book``), whether it only looks things up (``get_``, ``search_``), whether its
+required identifiers are still unknown, whether it is the tool that would give an identifier
+another tool still needs (a prerequisite: ``find_customer`` before ``list_orders(customer_id)``;
+the parameter schemas say so), and how well it serves a part of the request that no tool called
+in this turn serves yet (:func:`part_coverage`: "the weather in Paris, in Fahrenheit" still
+needs a conversion after ``get_weather``). They describe a tool by its relation to the state,
+never by its identity, so they carry over to tools never seen.
 
 Training (:func:`evoharness_agent.encoding.transitions.build_dataset`) and serving
 (:class:`evoharness_agent.policy.ToolPolicy`) both call :func:`state_parts`,
@@ -50,6 +52,8 @@ __all__ = [
     "JUST_CALLED_FAILED",
     "JUST_UNBLOCKED",
     "MISSING_IDS",
+    "ASKED_BY_VERB",
+    "IS_LOOKUP",
     "NAMED_IN_REQUEST",
     "PAIR_FEATURES",
     "PROVIDES_MISSING",
@@ -92,6 +96,8 @@ PAIR_FEATURES = (
     "provides_missing",    # it is named for an identifier another available tool needs and nothing gave yet
     "just_unblocked",      # the call just made gave the last of its required identifiers (missing before it)
     "serves_open_part",    # how much better it matches some part of the request than any tool called in this turn
+    "is_lookup",           # its name starts with a verb of a tool that changes nothing (get_, list_, search_, ...)
+    "asked_by_verb",       # a clause of the request starts with its name's verb ("Book the cheapest flight": book)
     "available",           # it may be called now (the scorer compares a tool with the others available)
     "is_finish",           # it is FINISH, "answer now"
 )
@@ -106,7 +112,9 @@ JUST_CALLED_FAILED = PAIR_FEATURES.index("just_called_failed")
 JUST_UNBLOCKED = PAIR_FEATURES.index("just_unblocked")
 NAMED_IN_REQUEST = PAIR_FEATURES.index("named_in_request")
 SERVES_OPEN_PART = PAIR_FEATURES.index("serves_open_part")
-STATE_LAYOUT_VERSION = 6
+IS_LOOKUP = PAIR_FEATURES.index("is_lookup")
+ASKED_BY_VERB = PAIR_FEATURES.index("asked_by_verb")
+STATE_LAYOUT_VERSION = 7
 """Stored in policy metadata: a policy trained on another layout must be retrained, not misread."""
 PAD = 0
 """Row 0 of every text table is the zero vector: an empty slot."""
@@ -239,6 +247,7 @@ class StateParts:
         express per tool, and the loop a policy without them falls into.
         """
         request = self.request.lower()
+        asked = _clause_verbs(request)
         just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
         is_open = [available is None or tool.name in available for tool in tools]
         ids = [_id_args(tool) for tool in tools]
@@ -270,6 +279,8 @@ class StateParts:
                 0.0 if tool_missing else _provides(tool, tool_ids, wanted_by_word),
                 float(unblocked),
                 0.0 if name == FINISH else float(served),
+                float(_name_verb(name) in LOOKUP_VERBS),
+                float(name != FINISH and _name_verb(name)[:5] in asked),
                 float(available is None or name in available or name == FINISH),
                 float(name == FINISH),
             ])
@@ -310,6 +321,35 @@ def _named_in(name: str, request: str) -> float:
     return found / len(words)
 
 
+LOOKUP_VERBS = frozenset({
+    "get", "list", "search", "find", "lookup", "look", "fetch", "query", "check", "show", "read", "view", "describe",
+    "retrieve", "browse", "count", "calculate", "compute", "convert", "estimate", "ls", "cat", "grep", "pwd", "du"})
+"""First words of tool names that look something up or compute it and change nothing (``is_lookup``)."""
+_LEAD_IN = frozenset({"please", "then", "and", "also", "now", "just", "can", "could", "you", "kindly"})
+
+
+@functools.lru_cache(maxsize=65536)
+def _name_verb(name: str) -> str:
+    """Return the lower-cased first word of a tool name (``get_order`` -> get, ``bookFlight`` -> book)."""
+    words = _NAME_PARTS.findall(name)
+    return words[0].lower() if words else ""
+
+
+@functools.lru_cache(maxsize=256)
+def _clause_verbs(request: str) -> frozenset[str]:
+    """Return the first five letters of the word each clause of a (lower-cased) request starts with, lead-ins skipped.
+
+    An imperative's verb leads its clause ("book the cheapest flight", "assign it to priya"): a
+    tool named for that verb is what the request asks to be done.
+    """
+    verbs = set()
+    for part in request_parts(request):
+        words = [word for word in _WORD.findall(part) if word not in _LEAD_IN]
+        if words:
+            verbs.add(words[0][:5])
+    return frozenset(verbs)
+
+
 def _id_args(tool: ToolSpec) -> list[str]:
     """Return the tool's required arguments that are identifiers (``customer_id``, ``token``, ``userId``)."""
     required = tool.parameters.get("required") or []
@@ -320,15 +360,19 @@ def _missing_id_args(ids: Sequence[str], known_text: str) -> list[str]:
     """Return the identifier arguments of ``ids`` (a tool's :func:`_id_args`) that ``known_text`` does not mention.
 
     An argument is mentioned by its name, with spaces for underscores, or in the singular
-    (``item_ids`` by an observation's ``"item_id"`` keys).
+    (``item_ids`` by an observation's ``"item_id"`` keys), or without its qualifying words
+    (``from_account_id`` by ``account_id``: a list of accounts gives the source and the target).
     """
-    out = []
-    for arg in ids:
-        name = arg.lower()
-        forms = {name, name.replace("_", " "), name.removesuffix("s"), name.removesuffix("s").replace("_", " ")}
-        if not any(form in known_text for form in forms):
-            out.append(arg)
-    return out
+    return [arg for arg in ids if not any(form in known_text for form in _id_forms(arg))]
+
+
+@functools.lru_cache(maxsize=65536)
+def _id_forms(argument: str) -> frozenset[str]:
+    """Return the texts that mention an identifier argument (:func:`_missing_id_args`)."""
+    words = argument.lower().split("_")
+    tails = ["_".join(words[start:]) for start in range(max(len(words) - 1, 1))]  # down to "<subject>_id"
+    return frozenset(form for tail in tails for singular in (tail, tail.removesuffix("s"))
+                     for form in (singular, singular.replace("_", " ")))
 
 
 _IDENTIFIER_VALUE = re.compile(r"#\w+|\b(?=[\w-]*\d)(?=[\w-]*[a-zA-Z])[\w-]{5,}\b|\b\d{6,}\b")

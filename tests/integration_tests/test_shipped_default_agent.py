@@ -4,7 +4,8 @@ No test double: ``trained/default`` picks each tool (it never saw these tools), 
 (llama.cpp on CPU) fills the arguments and writes the answer. "What is the weather in Paris right
 now, in Fahrenheit?" needs ``get_weather``, then ``convert_temperature``, then the answer; the
 e-mail tool stays unused, through ``PolicyAgentExecutor`` and through ``create_agent`` with the
-middleware. Skipped without the ``local`` extra; about 25 s on 2 cores.
+middleware. And the README's booking example: "Book the cheapest flight to Lyon" over ``search`` and
+``book`` searches, books once and answers. Skipped without the ``local`` extra; about 30 s on 2 cores.
 
 The tools are described as a user would describe them. Described as "... with the temperature in
 Celsius", ``get_weather`` matches "in Fahrenheit" nearly as well as the converter does, and the
@@ -110,3 +111,34 @@ def test_create_agent_with_the_middleware_converts_then_stops(llm: LocalChatMode
     final = result["messages"][-1]
     assert isinstance(final, AIMessage) and not final.tool_calls and final.text.strip()
     assert not SENT
+
+
+@tool
+def search(destination: str) -> str:
+    """Search flights to a destination, cheapest first."""
+    return f"AF1234 to {destination}, 89 EUR; LH456 to {destination}, 120 EUR"
+
+
+BOOKED: list[str] = []
+
+
+@tool
+def book(flight: str) -> str:
+    """Book a flight by its number."""
+    BOOKED.append(flight)
+    return f"booked {flight}"
+
+
+def test_the_readme_booking_example_books_once(llm: LocalChatModel, agent_encoder: StateEncoder) -> None:
+    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=agent_encoder, device="cpu")
+    BOOKED.clear()
+    executor = PolicyAgentExecutor(llm=llm, tools=[search, book], policy=policy, mode="hybrid",
+                                   confidence_threshold=0.5, top_k=3, max_iterations=15,
+                                   return_intermediate_steps=True)
+    result = executor.invoke({"input": "Book the cheapest flight to Lyon"})
+
+    steps = result["intermediate_steps"]
+    # search found the flights; the request's verb names book, so the policy does not answer yet.
+    assert [action.tool for action, _ in steps] == ["search", "book"], steps
+    assert BOOKED == ["AF1234"], BOOKED
+    assert result["output"].strip()

@@ -151,6 +151,38 @@ def test_an_identifier_in_a_tool_result_counts_only_by_name() -> None:
     assert state_parts("Return my headphones", [keyed], 2).pair_features([returns])[0][missing] == 0.0
 
 
+def test_a_qualified_identifier_is_known_by_its_subject() -> None:
+    transfer = ToolSpec(name="transfer_between_accounts", description="Move money between two accounts.",
+                        parameters={"type": "object", "properties": {"from_account_id": {"type": "string"},
+                                                                     "to_account_id": {"type": "string"}},
+                                    "required": ["from_account_id", "to_account_id"]})
+    missing = PAIR_FEATURES.index("missing_ids")
+    listed = Step(tool="list_bank_accounts", arguments={}, observation='[{"account_id": "ACC-1174"}]')
+    assert state_parts("Move 500 into savings", [], 2).pair_features([transfer])[0][missing] == 1.0
+    # A list of accounts gives the source and the target: "account_id" names both.
+    assert state_parts("Move 500 into savings", [listed], 2).pair_features([transfer])[0][missing] == 0.0
+    # The subject must match: an order id is no account id.
+    orders = Step(tool="list_orders", arguments={}, observation='[{"order_id": "W1"}]')
+    assert state_parts("Move 500 into savings", [orders], 2).pair_features([transfer])[0][missing] == 1.0
+
+
+@pytest.mark.parametrize(("request_text", "asked"), [
+    ("Book the cheapest flight to Lyon", True),
+    ("Find a flight to Lyon, then please book it.", True),
+    ("Can you book a table for two?", True),
+    ("Which flights can I book to Lyon?", False),   # "which" leads: a question about booking
+    ("Search flights to Lyon", False),
+])
+def test_a_request_asks_for_the_tool_its_clause_verb_names(request_text: str, asked: bool) -> None:
+    search = ToolSpec(name="search_flights", description="Search flights, cheapest first.")
+    book = ToolSpec(name="bookFlight", description="Book a flight by its number.")
+    rows = state_parts(request_text, [], 2).pair_features([search, book, finish_spec()])
+    lookup, by_verb = PAIR_FEATURES.index("is_lookup"), PAIR_FEATURES.index("asked_by_verb")
+    assert [row[lookup] for row in rows] == [1.0, 0.0, 0.0]  # search_ changes nothing; book and FINISH do
+    assert rows[1][by_verb] == float(asked)
+    assert rows[2][by_verb] == 0.0  # FINISH is never asked for by name
+
+
 def test_a_lookup_that_gives_a_tool_its_identifier_unblocks_it() -> None:
     lookup = ToolSpec(name="find_customer", description="Look up customers by name.")
     orders = ToolSpec(name="list_orders", description="List a customer's orders.",

@@ -21,6 +21,7 @@ from evoharness_agent.learning.networks import (
     NetworkConfig,
     ToolScorer,
     answer_leaves_part,
+    answer_skips_action,
     answer_waits,
     below_providers,
     masked_log_softmax,
@@ -348,6 +349,7 @@ def test_context_features_compare_open_tools_and_say_whether_the_work_looks_done
 def rule_scorer(rule: NetworkConfig, n_states: int) -> tuple[ToolScorer, torch.Tensor, torch.Tensor]:
     """Return a scorer acting with ``rule``, four unit-vector tools (FINISH last) and their pair features."""
     d = 4
+    torch.manual_seed(0)  # the rules' tests compare scores: the same weights whichever tests ran before
     scorer = ToolScorer(state_dim=3 * d + 2, tool_dim=d, n_known_tools=1, config=rule).eval()
     pairs = torch.zeros(n_states, 4, N_PAIR_FEATURES)
     pairs[:, :, PAIR_FEATURES.index("available")] = 1.0
@@ -477,6 +479,30 @@ def test_answering_is_put_off_while_a_call_left_a_request_part_to_an_open_tool()
     expected = torch.zeros(4, 4)
     expected[0, 3] = 2.0  # FINISH alone, and only where the part is open
     assert torch.allclose(put_off, expected, atol=1e-5)
+
+
+def test_answering_is_put_off_while_only_lookups_ran_and_the_request_asks_for_an_action() -> None:
+    d = 4
+    rule = NetworkConfig(dropout=0.0, asked_action_finish_penalty=2.0)
+    scorer, tools, pairs = rule_scorer(rule, 4)  # search, book, get_price, FINISH
+    column = PAIR_FEATURES.index
+    pairs[:, 0, column("is_lookup")] = pairs[:, 2, column("is_lookup")] = 1.0
+    pairs[:, 1, column("asked_by_verb")] = 1.0  # "Book the cheapest flight to Lyon"
+    pairs[:, 0, column("called_in_turn")] = 1.0  # search was called and worked ...
+    pairs[1, 1, column("called_in_turn")] = 1.0  # state 1: book too: the action was done
+    pairs[2, 0, column("just_called_failed")] = 1.0  # state 2: the search failed
+    pairs[3, 0, column("called_in_turn")] = 0.0  # state 3: nothing was called in this turn yet
+    assert answer_skips_action(pairs).squeeze(-1).tolist() == [1.0, 0.0, 0.0, 0.0]
+    lookup_asked = pairs.clone()
+    lookup_asked[0, 1, column("is_lookup")] = 1.0  # a request whose verb names a lookup is no action
+    assert answer_skips_action(lookup_asked)[0].item() == 0.0
+    states = torch.randn(4, 3 * d + 2)
+    with torch.no_grad():
+        put_off = scorer(states, tools, None, pairs) - scorer(states, tools, None, pairs, acting=True)
+    expected = torch.zeros(4, 4)
+    expected[0, 3] = 2.0  # FINISH alone, and only where the action is still open
+    assert torch.allclose(put_off, expected, atol=1e-5)
+    assert NetworkConfig().asked_action_finish_penalty == 0.0  # off by default
 
 
 def test_per_state_candidates_score_like_the_shared_tool_table() -> None:
