@@ -54,6 +54,7 @@ __all__ = [
     "MISSING_IDS",
     "ASKED_BY_VERB",
     "IS_LOOKUP",
+    "LOOKUP_VERBS",
     "NAMED_IN_REQUEST",
     "PAIR_FEATURES",
     "PROVIDES_MISSING",

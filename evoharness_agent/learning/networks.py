@@ -215,9 +215,11 @@ class ToolScorer(nn.Module):
                 own order (training batches: a state has tens of tools available among the
                 thousands of the logs); the result is then ``(B, K)``.
             acting: the scores a policy acts on: a tool waiting for a prerequisite loses
-                ``prerequisite_penalty`` and ranks below its provider, FINISH
-                ``prerequisite_finish_penalty`` while answering would leave the chain half done
-                (never in training's losses or TD targets).
+                ``prerequisite_penalty`` and ranks below its provider; FINISH loses
+                ``prerequisite_finish_penalty`` while answering would leave the chain half done,
+                ``open_part_finish_penalty`` while a request part waits for an open tool and
+                ``asked_action_finish_penalty`` while only lookups ran and the request asks an
+                open action (never in training's losses or TD targets).
 
         """
         # Scoring the whole table and keeping each state's columns is cheaper while the table is
