@@ -264,7 +264,7 @@ class StateParts:
         coverage = coverage if coverage is not None else [0.0] * len(tools)
         before = self.known_before_last_call if not self.user_gave_identifier else None
         for tool, tool_ids, tool_missing, served in zip(tools, ids, missing, coverage, strict=True):
-            name = tool.name
+            name, verb = tool.name, _name_verb(tool.name)
             just = name == just_called
             unblocked = bool(tool_ids and not tool_missing and before is not None
                              and _missing_id_args(tool_ids, before))
@@ -280,8 +280,8 @@ class StateParts:
                 0.0 if tool_missing else _provides(tool, tool_ids, wanted_by_word),
                 float(unblocked),
                 0.0 if name == FINISH else float(served),
-                float(_name_verb(name) in LOOKUP_VERBS),
-                float(name != FINISH and _name_verb(name)[:5] in asked),
+                float(verb in LOOKUP_VERBS),
+                float(name != FINISH and verb[:5] in asked),
                 float(available is None or name in available or name == FINISH),
                 float(name == FINISH),
             ])

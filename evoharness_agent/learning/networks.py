@@ -359,11 +359,9 @@ def answer_leaves_part(pairs: torch.Tensor, threshold: float) -> torch.Tensor:
     to retry, try another tool or answer and say so is the learned scorer's call (held back
     from answering then, a policy retries a call that cannot work until the run is cut).
     """
-    real, called, open_tools = _real_called_open(pairs)
-    anything_called = (real * called).amax(dim=-1, keepdim=True)
-    last_failed = pairs[..., JUST_CALLED_FAILED].float().amax(dim=-1, keepdim=True)
+    _, _, open_tools = _real_called_open(pairs)
     serves = pairs[..., SERVES_OPEN_PART].float() * open_tools
-    return anything_called * (1.0 - last_failed) * (serves.amax(dim=-1, keepdim=True) >= threshold).float()
+    return _worked_in_turn(pairs) * (serves.amax(dim=-1, keepdim=True) >= threshold).float()
 
 
 def answer_skips_action(pairs: torch.Tensor) -> torch.Tensor:
@@ -376,13 +374,18 @@ def answer_skips_action(pairs: torch.Tensor) -> torch.Tensor:
     open-part rule's.
     """
     real, called, open_tools = _real_called_open(pairs)
-    lookup = pairs[..., IS_LOOKUP].float()
-    called_real = real * called
-    anything_called = called_real.amax(dim=-1, keepdim=True)
-    only_lookups = 1.0 - (called_real * (1.0 - lookup)).amax(dim=-1, keepdim=True)
+    changes = 1.0 - pairs[..., IS_LOOKUP].float()
+    only_lookups = 1.0 - (real * called * changes).amax(dim=-1, keepdim=True)
+    asked = (pairs[..., ASKED_BY_VERB].float() * changes * open_tools).amax(dim=-1, keepdim=True)
+    return _worked_in_turn(pairs) * only_lookups * asked
+
+
+def _worked_in_turn(pairs: torch.Tensor) -> torch.Tensor:
+    """Return ``(B, 1)``: 1 where a tool was called in this turn and the call just made did not fail."""
+    real, called, _ = _real_called_open(pairs)
+    anything_called = (real * called).amax(dim=-1, keepdim=True)
     last_failed = pairs[..., JUST_CALLED_FAILED].float().amax(dim=-1, keepdim=True)
-    asked = (pairs[..., ASKED_BY_VERB].float() * (1.0 - lookup) * open_tools).amax(dim=-1, keepdim=True)
-    return anything_called * only_lookups * (1.0 - last_failed) * asked
+    return anything_called * (1.0 - last_failed)
 
 
 class StateValue(nn.Module):
