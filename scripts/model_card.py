@@ -75,10 +75,12 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path)
                      f"while an open tool serves a request part no called tool serves by at least "
                      f"{network.get('open_part_threshold', 0.25)} loses "
                      f"{network.get('open_part_finish_penalty', 0.0)}, "
-                     "and answering while only lookups ran and the request's verb names an open action loses "
-                     f"{network.get('asked_action_finish_penalty', 0.0)} "
+                     "answering while only lookups ran and the request's verb names an open action loses "
+                     f"{network.get('asked_action_finish_penalty', 0.0)}, "
+                     "and answering right after the best-fitting tool's first call of the turn failed, or calling "
+                     f"again a tool just retried, loses {network.get('retry_penalty', 0.0)} "
                      "(`learning/networks.py`, `waiting_for_prerequisite`, `below_providers`, `answer_waits`, "
-                     "`answer_leaves_part`, `answer_skips_action`).")
+                     "`answer_leaves_part`, `answer_skips_action`, `answer_skips_retry`, `repeats_retry`).")
     hardware = train.get("hardware", {})
     lines.append(f"- Training time: {train.get('seconds', 0):.0f} s on {hardware.get('device', '?')} "
                  f"({hardware.get('cpu_count', '?')} CPU cores, torch {hardware.get('torch', '?')}; wall time, "

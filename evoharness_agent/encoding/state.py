@@ -110,6 +110,11 @@ CALLED_IN_TURN = PAIR_FEATURES.index("called_in_turn")
 PROVIDES_MISSING = PAIR_FEATURES.index("provides_missing")
 MISSING_IDS = PAIR_FEATURES.index("missing_ids")
 JUST_CALLED_FAILED = PAIR_FEATURES.index("just_called_failed")
+JUST_CALLED_OK = PAIR_FEATURES.index("just_called_ok")
+FAILED_IN_TURN = PAIR_FEATURES.index("failed_in_turn")
+CALLS_IN_TURN = PAIR_FEATURES.index("calls_in_turn")
+CALLS_IN_TURN_CAP = 5
+"""``calls_in_turn`` is ``min(calls, CALLS_IN_TURN_CAP) / CALLS_IN_TURN_CAP``."""
 JUST_UNBLOCKED = PAIR_FEATURES.index("just_unblocked")
 NAMED_IN_REQUEST = PAIR_FEATURES.index("named_in_request")
 SERVES_OPEN_PART = PAIR_FEATURES.index("serves_open_part")
@@ -274,7 +279,7 @@ class StateParts:
                 float(just and not just_failed),
                 float(just and just_failed),
                 float(name in self.failed_in_turn),
-                min(self.calls_in_turn[name], 5) / 5.0,
+                min(self.calls_in_turn[name], CALLS_IN_TURN_CAP) / CALLS_IN_TURN_CAP,
                 _named_in(name, request),
                 len(tool_missing) / max(len(tool_ids), 1),
                 0.0 if tool_missing else _provides(tool, tool_ids, wanted_by_word),

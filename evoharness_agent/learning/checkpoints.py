@@ -102,6 +102,7 @@ class _NetworkMeta(BaseModel):
     open_part_finish_penalty: float = Field(default=NetworkConfig.open_part_finish_penalty, ge=0.0, le=1e4)
     open_part_threshold: float = Field(default=NetworkConfig.open_part_threshold, ge=-2.0, le=2.0)
     asked_action_finish_penalty: float = Field(default=NetworkConfig.asked_action_finish_penalty, ge=0.0, le=1e4)
+    retry_penalty: float = Field(default=NetworkConfig.retry_penalty, ge=0.0, le=1e4)
 
 
 class _CalibrationMeta(BaseModel):

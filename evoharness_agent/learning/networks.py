@@ -28,9 +28,13 @@ from evoharness_agent.encoding.state import (
     ASKED_BY_VERB,
     AVAILABLE,
     CALLED_IN_TURN,
+    CALLS_IN_TURN,
+    CALLS_IN_TURN_CAP,
+    FAILED_IN_TURN,
     IS_FINISH,
     IS_LOOKUP,
     JUST_CALLED_FAILED,
+    JUST_CALLED_OK,
     JUST_UNBLOCKED,
     MISSING_IDS,
     N_PAIR_FEATURES,
@@ -42,10 +46,11 @@ from evoharness_agent.encoding.state import (
 )
 
 __all__ = ["DECISION_RULE", "NetworkConfig", "StateValue", "ToolScorer", "answer_leaves_part", "answer_skips_action",
+           "answer_skips_retry", "repeats_retry",
            "answer_waits", "below_providers", "masked_log_softmax", "masked_scores", "waiting_for_prerequisite"]
 
 DECISION_RULE = ("prerequisite_penalty", "prerequisite_finish_penalty", "open_part_finish_penalty",
-                 "open_part_threshold", "asked_action_finish_penalty")
+                 "open_part_threshold", "asked_action_finish_penalty", "retry_penalty")
 """The :class:`NetworkConfig` fields that set how a policy acts, not what it learned (never inherited by ``--init``)."""
 SCALAR_GAIN = 10.0  # Adam moves every parameter ~lr per step; the few scalar score offsets
 # (per-tool bias, pair weights) are multiplied by this so they learn as fast as the towers.
@@ -110,6 +115,18 @@ class NetworkConfig:
     reads, 0, 1, 2, 3 give the validation suite 62, 63, 63, 63 of 90 right and the default's
     validation split 1,004, 1,005, 1,005, 1,005 of 1,315; at 1 the README's booking example
     books by a hair (``book`` 8.00, FINISH 7.97). Fine-tuning does not inherit it."""
+    retry_penalty: float = 0.0
+    """Taken, when the policy acts, off FINISH's score right after the first call in this turn of
+    the tool that fits the request best failed (:func:`answer_skips_retry`), and off a tool's score
+    right after it was retried, whether the retry worked or failed too (:func:`repeats_retry`):
+    try once more (the LLM sees the error and fixes the arguments) rather than give up at the
+    first error, and then stop calling it. Off (0) unless set. The shipped default sets 2, chosen
+    on the validation suite and the default's validation split: 0, 1, 2, 3, 5 get 63, 63, 66, 66,
+    66 of the suite's 90 right and the split's 1,003 of 1,315 each time; online BFCL (gold
+    arguments) then takes 8.0 decisions a scenario against 9.1 (invalid calls 0.37 against 0.52),
+    with the same successes. FINISH's part alone stops at 65, and after a retry that worked the
+    policy called the tool again and again; after any tool's first failure (not only the best
+    fit's), online BFCL took 12.2 decisions a scenario against 9.1. Fine-tuning does not inherit it."""
 
 
 def mlp(in_dim: int, hidden: int, layers: int, out_dim: int, dropout: float = 0.0) -> nn.Sequential:
@@ -147,6 +164,7 @@ class ToolScorer(nn.Module):
         self.open_part_finish_penalty = config.open_part_finish_penalty
         self.open_part_threshold = config.open_part_threshold
         self.asked_action_finish_penalty = config.asked_action_finish_penalty
+        self.retry_penalty = config.retry_penalty
         self.pair_weight = nn.Parameter(torch.zeros(N_PAIR_FEATURES))
         self.context_weight = nn.Parameter(torch.zeros(N_CONTEXT_FEATURES))
         self._tool_memo: tuple[Any, ...] | None = None
@@ -219,7 +237,9 @@ class ToolScorer(nn.Module):
                 ``prerequisite_finish_penalty`` while answering would leave the chain half done,
                 ``open_part_finish_penalty`` while a request part waits for an open tool and
                 ``asked_action_finish_penalty`` while only lookups ran and the request asks an
-                open action (never in training's losses or TD targets).
+                open action, and ``retry_penalty`` right after the best-fitting tool's first
+                call of the turn failed; a tool just retried loses ``retry_penalty``
+                (never in training's losses or TD targets).
 
         """
         # Scoring the whole table and keeping each state's columns is cheaper while the table is
@@ -236,13 +256,14 @@ class ToolScorer(nn.Module):
             scores = scores + pairs @ (self.pair_weight * SCALAR_GAIN).to(scores.dtype)
             context = self.context_features(similarity, pairs).to(scores.dtype)
             scores = scores + context @ (self.context_weight * SCALAR_GAIN).to(scores.dtype)
-            if acting and (self.prerequisite_penalty or self.prerequisite_finish_penalty
-                           or self.open_part_finish_penalty or self.asked_action_finish_penalty):
+            if acting and any(getattr(self, rule) for rule in DECISION_RULE if rule != "open_part_threshold"):
                 waiting = waiting_for_prerequisite(pairs)
                 finish = (self.prerequisite_finish_penalty * answer_waits(similarity, pairs, waiting)
                           + self.open_part_finish_penalty * answer_leaves_part(pairs, self.open_part_threshold)
-                          + self.asked_action_finish_penalty * answer_skips_action(pairs))
-                penalty = self.prerequisite_penalty * waiting + pairs[..., IS_FINISH].float() * finish
+                          + self.asked_action_finish_penalty * answer_skips_action(pairs)
+                          + self.retry_penalty * answer_skips_retry(similarity, pairs))
+                penalty = (self.prerequisite_penalty * waiting + pairs[..., IS_FINISH].float() * finish
+                           + self.retry_penalty * repeats_retry(pairs))
                 scores = scores - penalty.to(scores.dtype)
                 if self.prerequisite_penalty:
                     scores = below_providers(scores, pairs, waiting)
@@ -378,6 +399,36 @@ def answer_skips_action(pairs: torch.Tensor) -> torch.Tensor:
     only_lookups = 1.0 - (real * called * changes).amax(dim=-1, keepdim=True)
     asked = (pairs[..., ASKED_BY_VERB].float() * changes * open_tools).amax(dim=-1, keepdim=True)
     return _worked_in_turn(pairs) * only_lookups * asked
+
+
+def answer_skips_retry(similarity: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """Return ``(B, 1)``: 1 where the call just made failed, was its tool's first in this turn, and that tool fits best.
+
+    "Invalid airport code 'NYC'" is an error the next call can fix ("JFK"); answering at once
+    gives the request up. Only for the available tool that matches the request best
+    (``similarity``: each tool's with the request): a lesser match that failed was more likely
+    the wrong tool. Once retried, the tool itself loses the penalty (:func:`repeats_retry`).
+    """
+    real, _, _ = _real_called_open(pairs)
+    floor = torch.full_like(real, -2.0)  # below any cosine similarity
+    fit = torch.where(real > 0, similarity.float(), floor)
+    best = fit >= fit.amax(dim=-1, keepdim=True)
+    first_call = (pairs[..., CALLS_IN_TURN].float() * CALLS_IN_TURN_CAP).round() == 1
+    retry = pairs[..., JUST_CALLED_FAILED].float() * first_call.float() * best.float()
+    return retry.amax(dim=-1, keepdim=True)
+
+
+def repeats_retry(pairs: torch.Tensor) -> torch.Tensor:
+    """Return ``(B, N)``: 1 for the tool just retried: it worked after a failed call of it, or failed again.
+
+    Either way one more call of it is not what the turn needs. Left to the learned scorer, a
+    failure in the turn keeps raising the tool's score, and the policy calls it again and again,
+    whether the retry worked or not.
+    """
+    worked_after_failing = pairs[..., JUST_CALLED_OK].float() * pairs[..., FAILED_IN_TURN].float()
+    called_again = (pairs[..., CALLS_IN_TURN].float() * CALLS_IN_TURN_CAP).round() >= 2
+    failed_again = pairs[..., JUST_CALLED_FAILED].float() * called_again.float()
+    return torch.maximum(worked_after_failing, failed_again)
 
 
 def _worked_in_turn(pairs: torch.Tensor) -> torch.Tensor:

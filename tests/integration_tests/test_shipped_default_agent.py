@@ -5,7 +5,9 @@ No test double: ``trained/default`` picks each tool (it never saw these tools), 
 now, in Fahrenheit?" needs ``get_weather``, then ``convert_temperature``, then the answer; the
 e-mail tool stays unused, through ``PolicyAgentExecutor`` and through ``create_agent`` with the
 middleware. And the README's booking example: "Book the cheapest flight to Lyon" over ``search`` and
-``book`` searches, books once and answers. Skipped without the ``local`` extra; about 30 s on 2 cores.
+``book`` searches, books once and answers; an exchange-rate tool that times out once is tried
+again, and one that is down is tried twice, then answered. Skipped without the ``local`` extra;
+about 60 s on 2 cores.
 
 The tools are described as a user would describe them. Described as "... with the temperature in
 Celsius", ``get_weather`` matches "in Fahrenheit" nearly as well as the converter does, and the
@@ -142,3 +144,36 @@ def test_the_readme_booking_example_books_once(llm: LocalChatModel, agent_encode
     assert [action.tool for action, _ in steps] == ["search", "book"], steps
     assert BOOKED == ["AF1234"], BOOKED
     assert result["output"].strip()
+
+
+RATE_CALLS: list[dict[str, str]] = []
+RATE_SERVICE_DOWN = False
+
+
+@tool
+def get_exchange_rate(base: str, quote: str) -> str:
+    """Get the current exchange rate between two currencies."""
+    RATE_CALLS.append({"base": base, "quote": quote})
+    if len(RATE_CALLS) == 1 or RATE_SERVICE_DOWN:
+        raise RuntimeError("the rate service timed out; try again")
+    return f"1 {base} = 1.08 {quote}"
+
+
+@pytest.mark.parametrize("down", [False, True], ids=["transient", "down"])
+def test_the_default_retries_a_failed_call_once(llm: LocalChatModel, agent_encoder: StateEncoder, down: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # The tool fails once (a timeout): the default tries again rather than answer, then answers.
+    # Down for good: it tries twice and answers, not until max_iterations.
+    monkeypatch.setattr(f"{__name__}.RATE_SERVICE_DOWN", down)
+    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=agent_encoder, device="cpu")
+    RATE_CALLS.clear()
+    executor = PolicyAgentExecutor(llm=llm, tools=[get_exchange_rate, *TOOLS], policy=policy, mode="policy",
+                                   max_iterations=6, return_intermediate_steps=True)
+    result = executor.invoke({"input": "What is the euro to US dollar exchange rate right now?"})
+
+    steps = result["intermediate_steps"]
+    assert [action.tool for action, _ in steps] == ["get_exchange_rate", "get_exchange_rate"], steps
+    assert "timed out" in str(steps[0][1])
+    assert result["output"].strip() and "max iterations" not in result["output"]
+    if not down:
+        assert "1.08" in result["output"], result["output"]

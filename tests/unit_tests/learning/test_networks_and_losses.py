@@ -22,10 +22,12 @@ from evoharness_agent.learning.networks import (
     ToolScorer,
     answer_leaves_part,
     answer_skips_action,
+    answer_skips_retry,
     answer_waits,
     below_providers,
     masked_log_softmax,
     masked_scores,
+    repeats_retry,
     waiting_for_prerequisite,
 )
 
@@ -503,6 +505,57 @@ def test_answering_is_put_off_while_only_lookups_ran_and_the_request_asks_for_an
     expected[0, 3] = 2.0  # FINISH alone, and only where the action is still open
     assert torch.allclose(put_off, expected, atol=1e-5)
     assert NetworkConfig().asked_action_finish_penalty == 0.0  # off by default
+
+
+def test_answering_is_put_off_once_right_after_the_best_fitting_tools_first_call_failed() -> None:
+    d = 4
+    rule = NetworkConfig(dropout=0.0, retry_penalty=2.0)
+    scorer, tools, pairs = rule_scorer(rule, 5)  # search_flights, book, get_price, FINISH
+    column = PAIR_FEATURES.index
+    pairs[:, 0, column("called_in_turn")] = 1.0
+    pairs[:, 0, column("calls_in_turn")] = 1 / 5  # search was called once in this turn ...
+    pairs[:, 0, column("just_called_failed")] = 1.0  # ... and that call failed
+    pairs[:, 0, column("failed_in_turn")] = 1.0
+    pairs[1, 0, column("calls_in_turn")] = 2 / 5  # state 1: its second call failed too: no more retries
+    pairs[2, 0, column("failed_in_turn")] = 0.0  # state 2: the call worked
+    pairs[2, 0, column("just_called_failed")] = 0.0
+    pairs[2, 0, column("just_called_ok")] = 1.0
+    states = torch.randn(5, 3 * d + 2)
+    states[:, :d] = tools[0]  # the request matches search best ...
+    states[3, :d] = tools[2]  # state 3: ... but get_price here: search was likely the wrong tool
+    states[4, :d] = tools[3]  # state 4: FINISH is no tool: search is still the best fit among the tools
+    similarity = states[:, :d] @ tools.T
+    assert answer_skips_retry(similarity, pairs).squeeze(-1).tolist() == [1.0, 0.0, 0.0, 0.0, 1.0]
+    with torch.no_grad():
+        put_off = scorer(states, tools, None, pairs) - scorer(states, tools, None, pairs, acting=True)
+    expected = torch.zeros(5, 4)
+    expected[0, 3] = expected[4, 3] = 2.0  # FINISH, and only after the best fit's first failure ...
+    expected[1, 0] = 2.0  # ... and after its retry failed too, the tool (repeats_retry)
+    assert torch.allclose(put_off, expected, atol=1e-5)
+    assert NetworkConfig().retry_penalty == 0.0  # off by default
+
+
+def test_a_tool_just_retried_is_not_called_again() -> None:
+    d = 4
+    scorer, tools, pairs = rule_scorer(NetworkConfig(dropout=0.0, retry_penalty=2.0), 4)
+    column = PAIR_FEATURES.index
+    pairs[:, 0, column("called_in_turn")] = 1.0
+    pairs[:, 0, column("calls_in_turn")] = 2 / 5  # search failed, then worked: the retry did its job
+    pairs[:, 0, column("just_called_ok")] = 1.0
+    pairs[:, 0, column("failed_in_turn")] = 1.0
+    pairs[1, 0, column("failed_in_turn")] = 0.0  # state 1: two calls that worked: the scorer's call
+    pairs[2, 0, column("just_called_ok")] = 0.0  # state 2: the search failed; book's call just worked
+    pairs[2, 1, column("just_called_ok")] = 1.0
+    pairs[2, 1, column("called_in_turn")] = 1.0
+    pairs[3, 0, column("just_called_ok")] = 0.0  # state 3: the search failed twice
+    pairs[3, 0, column("just_called_failed")] = 1.0
+    assert repeats_retry(pairs).tolist() == [[1.0, 0.0, 0.0, 0.0], [0.0] * 4, [0.0] * 4, [1.0, 0.0, 0.0, 0.0]]
+    states = torch.randn(4, 3 * d + 2)
+    with torch.no_grad():
+        put_off = scorer(states, tools, None, pairs) - scorer(states, tools, None, pairs, acting=True)
+    expected = torch.zeros(4, 4)
+    expected[0, 0] = expected[3, 0] = 2.0  # the retried tool alone
+    assert torch.allclose(put_off, expected, atol=1e-5)
 
 
 def test_per_state_candidates_score_like_the_shared_tool_table() -> None:
