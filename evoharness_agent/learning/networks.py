@@ -413,7 +413,7 @@ def answer_skips_retry(similarity: torch.Tensor, pairs: torch.Tensor) -> torch.T
     floor = torch.full_like(real, -2.0)  # below any cosine similarity
     fit = torch.where(real > 0, similarity.float(), floor)
     best = fit >= fit.amax(dim=-1, keepdim=True)
-    first_call = (pairs[..., CALLS_IN_TURN].float() * CALLS_IN_TURN_CAP).round() == 1
+    first_call = _calls_in_turn(pairs) == 1
     retry = pairs[..., JUST_CALLED_FAILED].float() * first_call.float() * best.float()
     return retry.amax(dim=-1, keepdim=True)
 
@@ -426,9 +426,14 @@ def repeats_retry(pairs: torch.Tensor) -> torch.Tensor:
     whether the retry worked or not.
     """
     worked_after_failing = pairs[..., JUST_CALLED_OK].float() * pairs[..., FAILED_IN_TURN].float()
-    called_again = (pairs[..., CALLS_IN_TURN].float() * CALLS_IN_TURN_CAP).round() >= 2
+    called_again = _calls_in_turn(pairs) >= 2
     failed_again = pairs[..., JUST_CALLED_FAILED].float() * called_again.float()
     return torch.maximum(worked_after_failing, failed_again)
+
+
+def _calls_in_turn(pairs: torch.Tensor) -> torch.Tensor:
+    """Return ``(B, N)``: how often each tool was called in this turn (up to the feature's cap)."""
+    return (pairs[..., CALLS_IN_TURN].float() * CALLS_IN_TURN_CAP).round()
 
 
 def _worked_in_turn(pairs: torch.Tensor) -> torch.Tensor:
