@@ -365,8 +365,7 @@ def answer_waits(similarity: torch.Tensor, pairs: torch.Tensor, waiting: torch.T
     """
     _, called, open_tools = _real_called_open(pairs)
     fresh = (1.0 - called.amax(dim=-1, keepdim=True)) * waiting.amax(dim=-1, keepdim=True)
-    floor = torch.full_like(open_tools, -2.0)  # below any cosine similarity
-    best = torch.where(open_tools > 0, similarity.float(), floor).argmax(dim=-1, keepdim=True)
+    best = _similarity_among(similarity, open_tools).argmax(dim=-1, keepdim=True)
     unblocked = (pairs[..., JUST_UNBLOCKED].float() * open_tools).gather(-1, best)
     return torch.maximum(fresh, unblocked)
 
@@ -410,8 +409,7 @@ def answer_skips_retry(similarity: torch.Tensor, pairs: torch.Tensor) -> torch.T
     the wrong tool. Once retried, the tool itself loses the penalty (:func:`repeats_retry`).
     """
     real, _, _ = _real_called_open(pairs)
-    floor = torch.full_like(real, -2.0)  # below any cosine similarity
-    fit = torch.where(real > 0, similarity.float(), floor)
+    fit = _similarity_among(similarity, real)
     best = fit >= fit.amax(dim=-1, keepdim=True)
     first_call = _calls_in_turn(pairs) == 1
     retry = pairs[..., JUST_CALLED_FAILED].float() * first_call.float() * best.float()
@@ -429,6 +427,11 @@ def repeats_retry(pairs: torch.Tensor) -> torch.Tensor:
     called_again = _calls_in_turn(pairs) >= 2
     failed_again = pairs[..., JUST_CALLED_FAILED].float() * called_again.float()
     return torch.maximum(worked_after_failing, failed_again)
+
+
+def _similarity_among(similarity: torch.Tensor, tools: torch.Tensor) -> torch.Tensor:
+    """Return ``(B, N)``: each tool's similarity with the request where ``tools`` marks it, else below any cosine."""
+    return torch.where(tools > 0, similarity.float(), torch.full_like(tools, -2.0))
 
 
 def _calls_in_turn(pairs: torch.Tensor) -> torch.Tensor:
