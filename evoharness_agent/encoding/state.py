@@ -93,7 +93,8 @@ PAIR_FEATURES = (
     "failed_in_turn",      # a call of it failed since the latest user message
     "calls_in_turn",       # how often it was called in this turn (scaled, capped)
     "named_in_request",    # the request names it (its name, or the words of its name)
-    "missing_ids",         # share of its required identifier arguments nothing gave yet (by name; users by value)
+    "missing_ids",         # share of its required identifier arguments nothing gave yet (by name; users by value;
+                           # or a call that worked of the tool named for it)
     "provides_missing",    # it is named for an identifier another available tool needs and nothing gave yet
     "just_unblocked",      # the call just made gave the last of its required identifiers (missing before it)
     "serves_open_part",    # how much better it matches some part of the request than any tool called in this turn
@@ -233,6 +234,8 @@ class StateParts:
     """Whether the user's messages hold an identifier-like value (``#W2890441``, ``ORD-88213``)."""
     known_before_last_call: str | None = None
     """:attr:`known_text` without the call right before this decision, when that call worked."""
+    worked: Counter[str] = field(default_factory=Counter)
+    """How often each tool was called earlier in the episode and worked."""
 
     def slot_texts(self, tool_text: Callable[[str], str]) -> list[str | None]:
         """Return the text of each slot in order (``None`` for an empty one), history unpadded.
@@ -259,7 +262,10 @@ class StateParts:
         ids = [_id_args(tool) for tool in tools]
         # Users give identifiers as values ("Return order #W6067464"), not by argument name: once
         # they did, which argument a value fills is unknown, so no identifier counts as missing.
-        missing = [[] if self.user_gave_identifier else _missing_id_args(tool_ids, self.known_text) for tool_ids in ids]
+        specs = {tool.name: tool for tool in tools}
+        missing = [[] if self.user_gave_identifier else
+                    _not_given_by_calls(_missing_id_args(tool_ids, self.known_text), tool.name, self.worked, specs)
+                    for tool, tool_ids in zip(tools, ids, strict=True)]
         wanted: dict[tuple[str, ...], list[tuple[str, str]]] = {}
         for tool, open_, arguments in zip(tools, is_open, missing, strict=True):
             for argument in arguments if open_ and tool.name != FINISH else ():
@@ -268,11 +274,13 @@ class StateParts:
         out = []
         coverage = coverage if coverage is not None else [0.0] * len(tools)
         before = self.known_before_last_call if not self.user_gave_identifier else None
+        # Before the call just made (it worked whenever ``before`` is set): that call gave nothing yet.
+        worked_before = self.worked - Counter([just_called]) if before is not None and just_called else self.worked
         for tool, tool_ids, tool_missing, served in zip(tools, ids, missing, coverage, strict=True):
             name, verb = tool.name, _name_verb(tool.name)
             just = name == just_called
             unblocked = bool(tool_ids and not tool_missing and before is not None
-                             and _missing_id_args(tool_ids, before))
+                             and _not_given_by_calls(_missing_id_args(tool_ids, before), name, worked_before, specs))
             out.append([
                 float(name in self.calls_in_turn),
                 float(name in self.called_before),
@@ -372,6 +380,29 @@ def _missing_id_args(ids: Sequence[str], known_text: str) -> list[str]:
     return [arg for arg in ids if not any(form in known_text for form in _id_forms(arg))]
 
 
+def _not_given_by_calls(arguments: list[str], needer: str, worked: Collection[str],
+                        specs: Mapping[str, ToolSpec]) -> list[str]:
+    """Return the identifier ``arguments`` of ``needer`` that no tool in ``worked`` gave by a call that worked.
+
+    A tool gave an identifier when it is named for it (as :func:`_provides` reads a tool) and
+    does not require it itself: after ``find_user_id_by_email`` worked, ``get_user_details``
+    has its ``user_id``, whether the observation says ``"user_id"``, ``"id"`` or nothing at
+    all (a gold action list logs no observations). Else the id looks missing for ever, and
+    another lookup of it (``find_user_id_by_name_zip``) ranks above the tool that waits.
+    """
+    if not arguments or not worked:
+        return arguments
+    return [argument for argument in arguments
+            if not any(_named_for(argument, name, specs.get(name)) for name in worked if name != needer)]
+
+
+def _named_for(argument: str, name: str, spec: ToolSpec | None) -> bool:
+    """Return whether tool ``name`` (``spec``: its schema, if known) is named for ``argument``, not requiring it."""
+    words = _tool_words(name, (spec.description or "") if spec is not None else "")
+    own = _id_args(spec) if spec is not None else []
+    return argument not in own and all(w in words or w[:5] in words for w in _subject_words(argument))
+
+
 @functools.lru_cache(maxsize=65536)
 def _id_forms(argument: str) -> frozenset[str]:
     """Return the texts that mention an identifier argument (:func:`_missing_id_args`)."""
@@ -463,6 +494,7 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     history: list[str] = []
     before: set[str] = set()
     counts: Counter[str] = Counter()
+    worked: Counter[str] = Counter()
     failed: set[str] = set()
     known = [task]
     said_by_user = [task]
@@ -481,6 +513,8 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
             counts[step.tool] += 1
             if step.error:
                 failed.add(step.tool)
+            else:
+                worked[step.tool] += 1
             known += [json.dumps(step.arguments, ensure_ascii=False, default=str), step.observation]
     last = prefix[-1] if prefix else None
     last_call = (last.tool, last.error) if last is not None and last.kind == "tool_call" and last.tool else None
@@ -489,7 +523,7 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     # The call just made added its arguments and observation last.
     known_before = "\n".join(known[:-2]).lower() if last_call is not None and not last_call[1] else None
     return StateParts(task, request, history[::-1][:history_window], features, previous_tool, before,
-                      counts, failed, last_call, "\n".join(known).lower(), gave_identifier, known_before)
+                      counts, failed, last_call, "\n".join(known).lower(), gave_identifier, known_before, worked)
 
 
 def decisions(episode: Episode, history_window: int) -> list[Decision]:

@@ -166,6 +166,30 @@ def test_a_qualified_identifier_is_known_by_its_subject() -> None:
     assert state_parts("Move 500 into savings", [orders], 2).pair_features([transfer])[0][missing] == 1.0
 
 
+def test_a_call_that_worked_gives_the_identifier_its_tool_is_named_for() -> None:
+    by_name = ToolSpec(name="find_customer", description="Look up customers by name.")
+    by_email = ToolSpec(name="find_customer_by_email", description="Look up a customer by e-mail.")
+    orders = ToolSpec(name="list_orders", description="List a customer's orders.",
+                      parameters={"type": "object", "properties": {"customer_id": {"type": "string"}},
+                                  "required": ["customer_id"]})
+    tools = [by_name, by_email, orders]
+    missing, provides = PAIR_FEATURES.index("missing_ids"), PAIR_FEATURES.index("provides_missing")
+    unblocked = PAIR_FEATURES.index("just_unblocked")
+    before = state_parts("Show Ann's orders", [], 2).pair_features(tools)
+    assert [row[provides] for row in before] == [1.0, 1.0, 0.0] and before[2][missing] == 1.0
+    # The result calls the id "id" (or a gold action list logs no result): the lookup gave it all the same,
+    # so the other lookup is no prerequisite any more and the orders are just unblocked.
+    found = Step(tool="find_customer", arguments={"name": "Ann"}, observation='[{"id": "C7", "name": "Ann"}]')
+    after = state_parts("Show Ann's orders", [found], 2).pair_features(tools)
+    assert [row[provides] for row in after] == [0.0, 0.0, 0.0]
+    assert after[2][missing] == 0.0 and after[2][unblocked] == 1.0
+    # A failed lookup gives nothing; nor does a call of the tool that needs the id (logged without it).
+    failed = Step(tool="find_customer", arguments={"name": "Ann"}, observation="error: timeout", error=True)
+    assert state_parts("Show Ann's orders", [failed], 2).pair_features(tools)[2][missing] == 1.0
+    needer = Step(tool="list_orders", arguments={}, observation="[]")
+    assert state_parts("Show Ann's orders", [needer], 2).pair_features(tools)[2][missing] == 1.0
+
+
 @pytest.mark.parametrize(("request_text", "asked"), [
     ("Book the cheapest flight to Lyon", True),
     ("Find a flight to Lyon, then please book it.", True),
