@@ -262,9 +262,9 @@ class StateParts:
         ids = [_id_args(tool) for tool in tools]
         # Users give identifiers as values ("Return order #W6067464"), not by argument name: once
         # they did, which argument a value fills is unknown, so no identifier counts as missing.
-        specs = {tool.name: tool for tool in tools}
+        givers = _givers(self.worked, {tool.name: tool for tool in tools})
         missing = [[] if self.user_gave_identifier else
-                    _not_given_by_calls(_missing_id_args(tool_ids, self.known_text), tool.name, self.worked, specs)
+                    _not_given_by_calls(_missing_id_args(tool_ids, self.known_text), tool.name, givers)
                     for tool, tool_ids in zip(tools, ids, strict=True)]
         wanted: dict[tuple[str, ...], list[tuple[str, str]]] = {}
         for tool, open_, arguments in zip(tools, is_open, missing, strict=True):
@@ -274,13 +274,15 @@ class StateParts:
         out = []
         coverage = coverage if coverage is not None else [0.0] * len(tools)
         before = self.known_before_last_call if not self.user_gave_identifier else None
-        # Before the call just made (it worked whenever ``before`` is set): that call gave nothing yet.
-        worked_before = self.worked - Counter([just_called]) if before is not None and just_called else self.worked
+        # Before the call just made (it worked whenever ``before`` is set), its tool gave nothing yet
+        # unless an earlier call of it worked too.
+        givers_before = ({name: giver for name, giver in givers.items() if name != just_called}
+                         if before is not None and self.worked[just_called or ""] == 1 else givers)
         for tool, tool_ids, tool_missing, served in zip(tools, ids, missing, coverage, strict=True):
             name, verb = tool.name, _name_verb(tool.name)
             just = name == just_called
             unblocked = bool(tool_ids and not tool_missing and before is not None
-                             and _not_given_by_calls(_missing_id_args(tool_ids, before), name, worked_before, specs))
+                             and _not_given_by_calls(_missing_id_args(tool_ids, before), name, givers_before))
             out.append([
                 float(name in self.calls_in_turn),
                 float(name in self.called_before),
@@ -380,9 +382,22 @@ def _missing_id_args(ids: Sequence[str], known_text: str) -> list[str]:
     return [arg for arg in ids if not any(form in known_text for form in _id_forms(arg))]
 
 
-def _not_given_by_calls(arguments: list[str], needer: str, worked: Collection[str],
-                        specs: Mapping[str, ToolSpec]) -> list[str]:
-    """Return the identifier ``arguments`` of ``needer`` that no tool in ``worked`` gave by a call that worked.
+_Giver = tuple[frozenset[str], frozenset[str]]
+"""A tool with a call that worked: its words (:func:`_tool_words`) and its own required identifiers."""
+
+
+def _givers(worked: Collection[str], specs: Mapping[str, ToolSpec]) -> dict[str, _Giver]:
+    """Return the :data:`_Giver` of each tool in ``worked`` (``specs``: the schemas known now; a name alone else)."""
+    out = {}
+    for name in worked:
+        spec = specs.get(name)
+        description = (spec.description or "") if spec is not None else ""
+        out[name] = (_tool_words(name, description), frozenset(_id_args(spec)) if spec is not None else frozenset())
+    return out
+
+
+def _not_given_by_calls(arguments: list[str], needer: str, givers: Mapping[str, _Giver]) -> list[str]:
+    """Return the identifier ``arguments`` of ``needer`` that no tool in ``givers`` (:func:`_givers`) gave.
 
     A tool gave an identifier when it is named for it (as :func:`_provides` reads a tool) and
     does not require it itself: after ``find_user_id_by_email`` worked, ``get_user_details``
@@ -390,17 +405,16 @@ def _not_given_by_calls(arguments: list[str], needer: str, worked: Collection[st
     all (a gold action list logs no observations). Else the id looks missing for ever, and
     another lookup of it (``find_user_id_by_name_zip``) ranks above the tool that waits.
     """
-    if not arguments or not worked:
+    if not arguments or not givers:
         return arguments
     return [argument for argument in arguments
-            if not any(_named_for(argument, name, specs.get(name)) for name in worked if name != needer)]
+            if not any(name != needer and argument not in own and _speaks_of(words, _subject_words(argument))
+                       for name, (words, own) in givers.items())]
 
 
-def _named_for(argument: str, name: str, spec: ToolSpec | None) -> bool:
-    """Return whether tool ``name`` (``spec``: its schema, if known) is named for ``argument``, not requiring it."""
-    words = _tool_words(name, (spec.description or "") if spec is not None else "")
-    own = _id_args(spec) if spec is not None else []
-    return argument not in own and all(w in words or w[:5] in words for w in _subject_words(argument))
+def _speaks_of(words: frozenset[str], subject: Sequence[str]) -> bool:
+    """Return whether a tool's words (:func:`_tool_words`) have each word of an identifier's subject, or its stem."""
+    return all(w in words or w[:5] in words for w in subject)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -474,7 +488,7 @@ def _provides(tool: ToolSpec, ids: Sequence[str], wanted_by_word: _SubjectIndex)
     keys = (*words, "") if len(words) < len(wanted_by_word) else wanted_by_word
     for key in keys:
         for subject, needers in wanted_by_word.get(key, ()):
-            if (all(w in words or w[:5] in words for w in subject)
+            if (_speaks_of(words, subject)
                     and any(needer != tool.name and argument not in own for needer, argument in needers)):
                 return 1.0
     return 0.0
