@@ -78,9 +78,12 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path)
                      "answering while only lookups ran and the request's verb names an open action loses "
                      f"{network.get('asked_action_finish_penalty', 0.0)}, "
                      "and answering right after the best-fitting tool's first call of the turn failed, or calling "
-                     f"again a tool just retried, loses {network.get('retry_penalty', 0.0)} "
+                     f"again a tool just retried, loses {network.get('retry_penalty', 0.0)}; "
+                     f"the towers' term ranks one tool above another at {network.get('tower_rank_weight', 1.0)} "
+                     "of its trained weight, the best tool keeping its score "
                      "(`learning/networks.py`, `waiting_for_prerequisite`, `below_providers`, `answer_waits`, "
-                     "`answer_leaves_part`, `answer_skips_action`, `answer_skips_retry`, `repeats_retry`).")
+                     "`answer_leaves_part`, `answer_skips_action`, `answer_skips_retry`, `repeats_retry`, "
+                     "`tower_ranking_narrowed`).")
     hardware = train.get("hardware", {})
     lines.append(f"- Training time: {train.get('seconds', 0):.0f} s on {hardware.get('device', '?')} "
                  f"({hardware.get('cpu_count', '?')} CPU cores, torch {hardware.get('torch', '?')}; wall time, "

@@ -28,6 +28,7 @@ from evoharness_agent.learning.networks import (
     masked_log_softmax,
     masked_scores,
     repeats_retry,
+    tower_ranking_narrowed,
     waiting_for_prerequisite,
 )
 
@@ -582,3 +583,45 @@ def test_per_state_candidates_score_like_the_shared_tool_table() -> None:
     one_by_one = torch.cat([scorer(states[b : b + 1], tools[few[b]], ids[few[b]], pairs[b : b + 1, few[b]])
                             for b in range(3)])
     assert torch.allclose(scorer(states, tools, ids, pairs[rows, few], candidates=few), one_by_one, atol=1e-4)
+
+
+def test_acting_with_a_tower_rank_weight_narrows_the_towers_part_in_ranking_tools_only() -> None:
+    torch.manual_seed(0)
+    d, n = 8, 5  # four real tools (the third unavailable) and FINISH last
+    narrowed = ToolScorer(state_dim=3 * d + 2, tool_dim=d, n_known_tools=n,
+                          config=NetworkConfig(hidden=4, dropout=0.0, tower_rank_weight=0.25)).eval()
+    with torch.no_grad():
+        for parameter in narrowed.parameters():
+            parameter.normal_()
+    as_trained = copy.deepcopy(narrowed)
+    as_trained.tower_rank_weight = 1.0
+    states = torch.randn(2, 3 * d + 2)
+    tools = torch.nn.functional.normalize(torch.randn(n, d), dim=1)
+    pairs = torch.zeros(2, n, N_PAIR_FEATURES)
+    pairs[:, :, PAIR_FEATURES.index("available")] = 1.0
+    pairs[:, 2, PAIR_FEATURES.index("available")] = 0.0
+    pairs[:, -1, PAIR_FEATURES.index("is_finish")] = 1.0
+    ids = torch.arange(n)
+    with torch.no_grad():
+        tower = narrowed.state_tower(states) @ (narrowed.tool_tower(tools) * narrowed.scale).T
+        acted = narrowed(states, tools, ids, pairs, acting=True)
+        trained = as_trained(states, tools, ids, pairs, acting=True)
+        # training's scores never see it
+        assert torch.equal(narrowed(states, tools, ids, pairs), as_trained(states, tools, ids, pairs))
+    real = [0, 1, 3]
+    # between real tools, the towers' part counts a quarter
+    expected = trained[:, real] - 0.75 * tower[:, real]
+    gaps, expected_gaps = acted[:, real] - acted[:, :1], expected - expected[:, :1]
+    assert torch.allclose(gaps, expected_gaps, atol=1e-4)
+    # the best real tool keeps its score, so answering now against acting is decided as trained
+    assert torch.allclose(acted[:, real].max(dim=1).values, trained[:, real].max(dim=1).values, atol=1e-5)
+    assert torch.allclose(acted[:, -1], trained[:, -1])
+    assert torch.allclose(acted[:, 2], trained[:, 2])
+    # the same on each state's own candidates
+    order = torch.stack([torch.randperm(n) for _ in range(2)])
+    rows = torch.arange(2)[:, None]
+    with torch.no_grad():
+        own = narrowed(states, tools, ids, pairs[rows, order], candidates=order, acting=True)
+    assert torch.allclose(own, acted.gather(1, order), atol=1e-4)
+    # weight 1 is the identity
+    assert torch.equal(tower_ranking_narrowed(trained, tower, pairs, 1.0), trained)
