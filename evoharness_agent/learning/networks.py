@@ -371,11 +371,10 @@ def tower_ranking_narrowed(scores: torch.Tensor, tower: torch.Tensor, pairs: tor
     are shifted together so that the best of them keeps its score: FINISH against the best tool,
     whether to answer now, stays as trained.
     """
-    real = (pairs[..., AVAILABLE] * (1.0 - pairs[..., IS_FINISH])) > 0
+    real = _real_called_open(pairs)[0] > 0
     narrowed = scores - (1.0 - weight) * tower
-    floor = torch.full_like(scores, NEG_INF)
-    shift = (torch.where(real, scores, floor).amax(dim=-1, keepdim=True)
-             - torch.where(real, narrowed, floor).amax(dim=-1, keepdim=True))
+    shift = (masked_scores(scores, real).amax(dim=-1, keepdim=True)
+             - masked_scores(narrowed, real).amax(dim=-1, keepdim=True))
     return torch.where(real, narrowed + shift, scores)
 
 
@@ -392,8 +391,7 @@ def below_providers(scores: torch.Tensor, pairs: torch.Tensor, waiting: torch.Te
     """
     _, _, open_tools = _real_called_open(pairs)
     providers = pairs[..., PROVIDES_MISSING].float() * open_tools
-    floor = torch.full_like(scores, NEG_INF)
-    best = torch.where(providers > 0, scores, floor).amax(dim=-1, keepdim=True)
+    best = masked_scores(scores, providers > 0).amax(dim=-1, keepdim=True)
     return torch.where(waiting > 0, torch.minimum(scores, best - PROVIDER_MARGIN), scores)
 
 
