@@ -185,6 +185,15 @@ def _zero_shot(zero_shot: dict[str, Any] | None) -> list[str]:
         tool = overall.get("tool_accuracy")  # absent from JSON written before it was measured
         lines.append(f"| {name} | {overall['step_accuracy']:.3f} | {'not measured' if tool is None else f'{tool:.3f}'} "
                      f"| {overall['task_exact']:.3f} | {overall['repeat_rate']:.3f} |")
+    for name, report in zero_shot["reports"].items():
+        calibration = report.get("calibration")  # absent from JSON written before it was measured
+        if calibration:
+            confidence, accuracy = calibration["mean_confidence"], calibration["accuracy"]
+            lean = "more sure than right" if confidence > accuracy else "no more sure than right"
+            lines += ["", f"The {name}'s reported probability of its top choice on these new tools: {confidence:.3f} "
+                      f"on average against {accuracy:.3f} right ({lean}), ECE {calibration['ece']:.3f}, coverage at "
+                      f"95% accuracy {calibration['coverage_at_95']:.3f}. Its temperature was fit on the training "
+                      "domains' validation split."]
     return lines
 
 

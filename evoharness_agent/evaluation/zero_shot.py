@@ -25,7 +25,9 @@ plus FINISH, as live, and takes its top choice. :class:`ZeroShotReport` holds:
   is that same tool again (the loop failure mode; no gold path repeats a successful call
   at once, so every repeat is a mistake);
 
-overall and per toolset. :func:`random_expectation` gives the exact expectation of a
+overall and per toolset; for a policy also the calibration of the probability it reports for its
+top choice (expected calibration error, coverage at 95% accuracy), on tools it never saw, where
+a new user meets it. :func:`random_expectation` gives the exact expectation of a
 uniformly random choice, :func:`print_zero_shot` a rich table of several reports.
 """
 
@@ -41,8 +43,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from evoharness_agent.evaluation.choosers import Chooser, PolicyChooser
-from evoharness_agent.policy import ToolPolicy
+from evoharness_agent.evaluation.choosers import Chooser, ChooserSession, PolicyChooser
+from evoharness_agent.learning.calibration import CalibrationReport, calibration_report
+from evoharness_agent.policy import PolicySession, ToolPolicy
 from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
 
 __all__ = [
@@ -539,6 +542,8 @@ class ZeroShotDecision:
     """When the gold is a tool: whether the best-ranked tool, FINISH left out, is it; ``None`` else."""
     repeat: float | None
     """After a successful call: whether the top choice is that tool again; ``None`` elsewhere."""
+    confidence: float | None = None
+    """A policy's calibrated probability of its top choice (``None`` for a chooser that reports none)."""
 
 
 @dataclass(frozen=True)
@@ -565,12 +570,15 @@ class ZeroShotReport:
     overall: ZeroShotScores
     per_toolset: dict[str, ZeroShotScores]
     decisions: list[ZeroShotDecision] = field(default_factory=list)
+    calibration: CalibrationReport | None = None
+    """Of the top choices' reported probabilities, over every decision (a policy's report only)."""
 
     def to_json(self) -> dict[str, Any]:
-        """Return the report as a JSON-ready dict: metrics overall, per toolset, and every decision."""
+        """Return the report as a JSON-ready dict: metrics overall, per toolset, every decision, calibration."""
         return {"chooser": self.chooser, "overall": asdict(self.overall),
                 "per_toolset": {name: asdict(scores) for name, scores in self.per_toolset.items()},
-                "decisions": [asdict(decision) for decision in self.decisions]}
+                "decisions": [asdict(decision) for decision in self.decisions],
+                "calibration": None if self.calibration is None else self.calibration.to_json()}
 
     def write_json(self, path: str | Path) -> None:
         """Write :meth:`to_json` to ``path``."""
@@ -599,12 +607,15 @@ def _score(decisions: Sequence[ZeroShotDecision]) -> ZeroShotScores:
 
 
 def _report(chooser: str, decisions: list[ZeroShotDecision]) -> ZeroShotReport:
-    """Build a report: overall and per toolset, toolsets in order of first appearance."""
+    """Build a report: overall and per toolset, toolsets in order of first appearance, and calibration."""
     toolsets = list(dict.fromkeys(d.toolset for d in decisions))
+    scored = [d for d in decisions if d.confidence is not None]
+    calibration = (calibration_report([d.confidence for d in scored if d.confidence is not None],
+                                      [d.correct == 1.0 for d in scored]) if scored else None)
     return ZeroShotReport(chooser=chooser, overall=_score(decisions),
                           per_toolset={name: _score([d for d in decisions if d.toolset == name])
                                        for name in toolsets},
-                          decisions=decisions)
+                          decisions=decisions, calibration=calibration)
 
 
 def _after_success(steps: Sequence[Step], index: int) -> str | None:
@@ -622,15 +633,17 @@ def evaluate_zero_shot(chooser_or_policy: Chooser | ToolPolicy, tasks: Sequence[
     A :class:`~evoharness_agent.policy.ToolPolicy` is wrapped in
     :class:`~evoharness_agent.evaluation.choosers.PolicyChooser`; the candidates at each
     decision are the tools available there (the whole toolset) plus FINISH, as in a live run.
+    A policy's decisions keep the probability it reports for its top choice.
     """
     chooser: Chooser = (PolicyChooser(chooser_or_policy) if isinstance(chooser_or_policy, ToolPolicy)
                         else chooser_or_policy)
     decisions: list[ZeroShotDecision] = []
     for task in tasks:
-        session = chooser.session(task.task, task.tools)
+        session = (chooser.policy.session(task.task, task.tools) if isinstance(chooser, PolicyChooser)
+                   else chooser.session(task.task, task.tools))
         for index, (step, available) in enumerate(zip(task.steps, task.availability(), strict=True)):
             if step.is_decision:
-                ranked = session.rank(frozenset(available))
+                ranked, confidence = _ranked(session, frozenset(available))
                 chosen = ranked[0] if ranked else FINISH
                 best_tool = next((action for action in ranked if action != FINISH), None)
                 previous = _after_success(task.steps, index)
@@ -638,9 +651,17 @@ def evaluate_zero_shot(chooser_or_policy: Chooser | ToolPolicy, tasks: Sequence[
                     task_id=task.id, toolset=_toolset(task), step=index, gold=step.action, chosen=chosen,
                     correct=float(chosen == step.action),
                     tool_correct=None if step.action == FINISH else float(best_tool == step.action),
-                    repeat=None if previous is None else float(chosen == previous)))
+                    repeat=None if previous is None else float(chosen == previous), confidence=confidence))
             session.observe(step)
     return _report(name or chooser.name, decisions)
+
+
+def _ranked(session: ChooserSession | PolicySession, available: Collection[str]) -> tuple[list[str], float | None]:
+    """Return the actions best first and, from a policy, the probability it reports for the first."""
+    if isinstance(session, PolicySession):
+        scores = session.rank(available)
+        return [score.tool for score in scores], scores[0].probability if scores else None
+    return session.rank(available), None
 
 
 def random_expectation(tasks: Sequence[Episode] = ZERO_SHOT_TASKS, *,
@@ -698,3 +719,9 @@ def print_zero_shot(reports: Sequence[ZeroShotReport], console: Console | None =
                           _cell(scores.tool_accuracy), _cell(scores.task_exact), _cell(scores.repeat_rate),
                           style="bold" if k == 0 else None, end_section=k == len(reports) - 1)
     console.print(table)
+    for report in reports:
+        if report.calibration is not None:
+            calibration = report.calibration
+            console.print(f"{report.chooser}: reported probability of its top choice {calibration.mean_confidence:.3f} "
+                          f"on average, right {calibration.accuracy:.3f}; ECE {calibration.ece:.3f}, "
+                          f"coverage at 95% accuracy {calibration.coverage_at_95:.3f}")

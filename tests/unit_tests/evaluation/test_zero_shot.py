@@ -263,6 +263,7 @@ def test_json_and_table() -> None:
     assert len(document["decisions"]) == N_DECISIONS
     assert {"task_id", "toolset", "step", "gold", "chosen", "correct", "tool_correct", "repeat"} <= set(
         document["decisions"][0])
+    assert document["calibration"] is None  # a scripted chooser reports no probability
     out = io.StringIO()
     print_zero_shot(reports, Console(file=out, width=140))
     text = out.getvalue()
@@ -296,3 +297,19 @@ def test_a_tool_policy_is_wrapped(policy: ToolPolicy) -> None:
     assert list(report.per_toolset) == ["weather_units_email"]
     for decision in report.decisions:
         assert decision.chosen in {*(tool.name for tool in ZERO_SHOT_TOOLSETS[decision.toolset]), FINISH}
+
+
+def test_a_policy_report_measures_the_calibration_of_its_probabilities(policy: ToolPolicy) -> None:
+    tasks = [task for task in ZERO_SHOT_TASKS if task.metadata["toolset"] == "crm"]
+    report = evaluate_zero_shot(policy, tasks)
+    calibration = report.calibration
+    assert calibration is not None and calibration.n_decisions == report.overall.n_decisions
+    assert calibration.accuracy == pytest.approx(report.overall.step_accuracy)
+    confidences = [decision.confidence for decision in report.decisions]
+    assert calibration.mean_confidence == pytest.approx(sum(c for c in confidences if c is not None) / len(confidences))
+    # Each is the probability the policy itself reports for its top choice at that state.
+    task = tasks[0]
+    first = next(d for d in report.decisions if d.task_id == task.id and d.step > 0)
+    ranking = policy.rank(task.task, task.steps[:first.step], task.tools, available=task.availability()[first.step])
+    assert (first.chosen, first.confidence) == (ranking[0].tool, pytest.approx(ranking[0].probability))
+    assert json.loads(json.dumps(report.to_json()))["calibration"]["ece"] == pytest.approx(calibration.ece)
