@@ -45,13 +45,14 @@ from evoharness_agent.encoding.state import (
     SERVES_OPEN_PART,
 )
 
-__all__ = ["DECISION_RULE", "NetworkConfig", "StateValue", "ToolScorer", "answer_leaves_part", "answer_skips_action",
-           "answer_skips_retry", "repeats_retry",
-           "answer_waits", "below_providers", "masked_log_softmax", "masked_scores", "tower_ranking_narrowed",
-           "waiting_for_prerequisite"]
+__all__ = ["DECISION_RULE", "PENALTIES", "NetworkConfig", "StateValue", "ToolScorer", "answer_leaves_part",
+           "answer_skips_action", "answer_skips_retry", "answer_waits", "below_providers", "masked_log_softmax",
+           "masked_scores", "repeats_retry", "tower_ranking_narrowed", "waiting_for_prerequisite"]
 
-DECISION_RULE = ("prerequisite_penalty", "prerequisite_finish_penalty", "open_part_finish_penalty",
-                 "open_part_threshold", "asked_action_finish_penalty", "retry_penalty", "tower_rank_weight")
+PENALTIES = ("prerequisite_penalty", "prerequisite_finish_penalty", "open_part_finish_penalty",
+             "asked_action_finish_penalty", "retry_penalty")
+"""The :class:`NetworkConfig` fields that take points off a score when the policy acts (all 0: none is taken)."""
+DECISION_RULE = (*PENALTIES, "open_part_threshold", "tower_rank_weight")
 """The :class:`NetworkConfig` fields that set how a policy acts, not what it learned (never inherited by ``--init``)."""
 SCALAR_GAIN = 10.0  # Adam moves every parameter ~lr per step; the few scalar score offsets
 # (per-tool bias, pair weights) are multiplied by this so they learn as fast as the towers.
@@ -281,8 +282,7 @@ class ToolScorer(nn.Module):
             scores = scores + context @ (self.context_weight * SCALAR_GAIN).to(scores.dtype)
             if narrowing and tower is not None:
                 scores = tower_ranking_narrowed(scores, tower.to(scores.dtype), pairs, self.tower_rank_weight)
-            if acting and any(getattr(self, rule) for rule in DECISION_RULE
-                              if rule not in ("open_part_threshold", "tower_rank_weight")):
+            if acting and any(getattr(self, penalty) for penalty in PENALTIES):
                 waiting = waiting_for_prerequisite(pairs)
                 finish = (self.prerequisite_finish_penalty * answer_waits(similarity, pairs, waiting)
                           + self.open_part_finish_penalty * answer_leaves_part(pairs, self.open_part_threshold)
