@@ -1,6 +1,6 @@
-"""Per-step decision overhead of the shipped policy on CPU, beside one LLM tool-selection call.
+"""Per-step decision overhead of a policy (the shipped one by default) on CPU, beside one LLM tool-selection call.
 
-Run: ``python benchmarks/decision_latency.py [--json OUT]`` (the LLM part needs the ``local``
+Run: ``python benchmarks/decision_latency.py [--policy DIR] [--json OUT]`` (the LLM part needs the ``local``
 extra; without it only the policy is measured).
 
 What one agent step costs the policy, measured as :class:`PolicyAgentExecutor` pays it: a
@@ -47,6 +47,7 @@ from evoharness_agent.agents.llm_calls import build_messages
 from evoharness_agent.demo import SHIPPED_POLICY
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.state import step_text
+from evoharness_agent.learning.checkpoints import read_policy_meta
 from evoharness_agent.learning.trainer import set_threads
 from evoharness_agent.logs.bundled import bfcl_paths, read_native, split_bfcl
 from evoharness_agent.policy import ToolPolicy
@@ -137,13 +138,17 @@ def fresh_steps(runs: Sequence[Episode], tools: Collection[str],
 
 
 def measure_policy(tools: list[ToolSpec], runs: Sequence[Episode], called: Collection[str], n_steps: int,
-                   steps_per_run: int, warmup_steps: int, cache_root: Path) -> dict[str, Any]:
+                   steps_per_run: int, warmup_steps: int, cache_root: Path,
+                   policy_dir: Path = SHIPPED_POLICY) -> dict[str, Any]:
     """Time the one-time tool embedding, run starts and per-step observe+rank for one tool set.
 
-    The replayed runs call only the tools in ``called`` (the same steps for every tool set).
+    The replayed runs call only the tools in ``called`` (the same steps for every tool set). The
+    policy embeds with the encoder it was trained on (its ``policy.json``).
     """
-    encoder = StateEncoder(cache_dir=cache_root / f"tools{len(tools)}")
-    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=encoder, device="cpu")
+    meta = read_policy_meta(policy_dir)
+    encoder = StateEncoder(meta["encoder"], max_seq_length=int(meta["max_seq_length"]),
+                           cache_dir=cache_root / f"tools{len(tools)}")
+    policy = ToolPolicy.load(policy_dir, encoder=encoder, device="cpu")
     encoder.embed(["load the sentence-transformer before timing anything"])
     started = time.perf_counter()
     policy.rank("first ranking with this tool set", [], tools)  # embeds every tool's text once
@@ -246,6 +251,7 @@ def print_results(policy_results: list[dict[str, Any]], llm_result: dict[str, An
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark, print the tables and optionally write JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policy", type=Path, default=SHIPPED_POLICY, help="policy directory (default: shipped)")
     parser.add_argument("--steps", type=int, default=200, help="measured policy steps per tool set")
     parser.add_argument("--steps-per-run", type=int, default=10, help="steps replayed per BFCL run (history grows)")
     parser.add_argument("--warmup", type=int, default=10, help="policy steps run before timing")
@@ -267,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         small = sets[min(sets)]
         called = {spec.name for spec in small}
         policy_results = [measure_policy(tools, runs, called, args.steps, args.steps_per_run, args.warmup,
-                                         Path(cache)) for tools in sets.values()]
+                                         Path(cache), args.policy) for tools in sets.values()]
     held_out = split_bfcl(read_native(bfcl_paths(["base"])[0]))[1]
     requests = [episode.task for episode in file_system_runs(held_out)]
     requests += [episode.task for episode in held_out if episode.task not in requests]

@@ -10,6 +10,7 @@ by Ray Data actors across a cluster (``embed(..., ray=RayEncoding(N))``: the ``r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -216,7 +217,10 @@ class StateEncoder:
             finally:
                 if restore:
                     transformers_logging.enable_progress_bar()
-            self._model.max_seq_length = self.max_seq_length
+            # A static embedding model (sentence-transformers' StaticEmbedding) reads every token at
+            # the same cost and has no window to set.
+            with contextlib.suppress(AttributeError):
+                self._model.max_seq_length = self.max_seq_length
         return self._model
 
     @property

@@ -194,6 +194,12 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
             "encoder": init_meta["encoder"], "max_seq_length": init_meta["max_seq_length"],
             "history_window": init_meta["history_window"], **init_network})})
     torch.manual_seed(config.training.seed)
+    if encoder is not None and (encoder.model_name, encoder.max_seq_length) != (config.model.encoder,
+                                                                                config.model.max_seq_length):
+        # The policy records the config's encoder: trained on another's embeddings it would be served skewed.
+        raise ValueError(f"the encoder given embeds with {encoder.model_name!r} at {encoder.max_seq_length} tokens, "
+                         f"but model.encoder is {config.model.encoder!r} at {config.model.max_seq_length} "
+                         "(the policy would record one and be trained on the other): pass a matching encoder")
     encoder = encoder or StateEncoder(config.model.encoder, max_seq_length=config.model.max_seq_length)
     encoded_before = encoder.n_encoded  # a caller's encoder may have encoded texts already
     rewards = config.rewards.reward_config()

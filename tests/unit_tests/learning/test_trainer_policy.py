@@ -375,3 +375,17 @@ def test_default_names_the_shipped_policy(tmp_path: Path, monkeypatch: pytest.Mo
     assert read_policy_meta("default")["state_layout"] == read_policy_meta(shipped)["state_layout"]
     (tmp_path / "default").mkdir()  # a folder of that name here is the user's own
     assert resolve_policy_dir("default") == Path("default")
+
+
+def test_an_encoder_other_than_the_configs_is_refused_before_anything_is_embedded(tmp_path: Path,
+                                                                                  cache: Path) -> None:
+    # The policy records model.encoder / max_seq_length: trained on another encoder's embeddings,
+    # it would be served skewed without a word.
+    shorter = StateEncoder(cache_dir=cache, device="cpu", max_seq_length=32)
+    with pytest.raises(ValueError, match=r"max_seq_length|128") as error:
+        train_on_episodes(synthetic_episodes(), make_config(steps=5), tmp_path, encoder=shorter, show_progress=False)
+    assert "32" in str(error.value) and "all-MiniLM-L6-v2" in str(error.value)
+    other = StateEncoder("another-model", cache_dir=cache, device="cpu")
+    with pytest.raises(ValueError, match="another-model"):
+        train_on_episodes(synthetic_episodes(), make_config(steps=5), tmp_path, encoder=other, show_progress=False)
+    assert shorter.n_encoded == other.n_encoded == 0 and not (tmp_path / "policy.json").exists()
