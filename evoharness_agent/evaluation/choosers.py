@@ -14,7 +14,7 @@ behaviour named in :data:`BEHAVIOURS`.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -31,6 +31,7 @@ __all__ = [
     "BigramChooser",
     "Chooser",
     "ChooserSession",
+    "ConfidentSession",
     "EmbeddingChooser",
     "EpsilonChooser",
     "LLMChooser",
@@ -55,6 +56,15 @@ class ChooserSession(Protocol):
         ...
 
 
+@runtime_checkable
+class ConfidentSession(ChooserSession, Protocol):
+    """A session that also reports how sure it is of its top choice (a policy's calibrated probability)."""
+
+    def rank_with_confidence(self, available: Collection[str]) -> tuple[list[str], float | None]:
+        """Return :meth:`rank`'s actions and the probability of the first (``None`` when nothing is ranked)."""
+        ...
+
+
 class Chooser(Protocol):
     """Anything that picks the next action: a trained policy, a baseline, an LLM."""
 
@@ -66,7 +76,7 @@ class Chooser(Protocol):
 
 
 class _PolicyRun:
-    """A :class:`PolicySession` answering with names."""
+    """A :class:`PolicySession` answering with names (a :class:`ConfidentSession`)."""
 
     def __init__(self, session: PolicySession) -> None:
         self.session = session
@@ -75,7 +85,11 @@ class _PolicyRun:
         self.session.observe(step)
 
     def rank(self, available: Collection[str]) -> list[str]:
-        return [score.tool for score in self.session.rank(available)]
+        return self.rank_with_confidence(available)[0]
+
+    def rank_with_confidence(self, available: Collection[str]) -> tuple[list[str], float | None]:
+        scores = self.session.rank(available)
+        return [score.tool for score in scores], scores[0].probability if scores else None
 
 
 class PolicyChooser:

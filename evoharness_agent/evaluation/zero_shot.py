@@ -43,9 +43,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from evoharness_agent.evaluation.choosers import Chooser, ChooserSession, PolicyChooser
+from evoharness_agent.evaluation.choosers import Chooser, ChooserSession, ConfidentSession, PolicyChooser
 from evoharness_agent.learning.calibration import CalibrationReport, calibration_report
-from evoharness_agent.policy import PolicySession, ToolPolicy
+from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
 
 __all__ = [
@@ -609,9 +609,8 @@ def _score(decisions: Sequence[ZeroShotDecision]) -> ZeroShotScores:
 def _report(chooser: str, decisions: list[ZeroShotDecision]) -> ZeroShotReport:
     """Build a report: overall and per toolset, toolsets in order of first appearance, and calibration."""
     toolsets = list(dict.fromkeys(d.toolset for d in decisions))
-    scored = [d for d in decisions if d.confidence is not None]
-    calibration = (calibration_report([d.confidence for d in scored if d.confidence is not None],
-                                      [d.correct == 1.0 for d in scored]) if scored else None)
+    scored = [(d.confidence, d.correct == 1.0) for d in decisions if d.confidence is not None]
+    calibration = calibration_report([c for c, _ in scored], [ok for _, ok in scored]) if scored else None
     return ZeroShotReport(chooser=chooser, overall=_score(decisions),
                           per_toolset={name: _score([d for d in decisions if d.toolset == name])
                                        for name in toolsets},
@@ -633,14 +632,14 @@ def evaluate_zero_shot(chooser_or_policy: Chooser | ToolPolicy, tasks: Sequence[
     A :class:`~evoharness_agent.policy.ToolPolicy` is wrapped in
     :class:`~evoharness_agent.evaluation.choosers.PolicyChooser`; the candidates at each
     decision are the tools available there (the whole toolset) plus FINISH, as in a live run.
-    A policy's decisions keep the probability it reports for its top choice.
+    A chooser whose sessions report their confidence (a policy's: a
+    :class:`~evoharness_agent.evaluation.choosers.ConfidentSession`) keeps each top choice's probability.
     """
     chooser: Chooser = (PolicyChooser(chooser_or_policy) if isinstance(chooser_or_policy, ToolPolicy)
                         else chooser_or_policy)
     decisions: list[ZeroShotDecision] = []
     for task in tasks:
-        session = (chooser.policy.session(task.task, task.tools) if isinstance(chooser, PolicyChooser)
-                   else chooser.session(task.task, task.tools))
+        session = chooser.session(task.task, task.tools)
         for index, (step, available) in enumerate(zip(task.steps, task.availability(), strict=True)):
             if step.is_decision:
                 ranked, confidence = _ranked(session, frozenset(available))
@@ -656,11 +655,10 @@ def evaluate_zero_shot(chooser_or_policy: Chooser | ToolPolicy, tasks: Sequence[
     return _report(name or chooser.name, decisions)
 
 
-def _ranked(session: ChooserSession | PolicySession, available: Collection[str]) -> tuple[list[str], float | None]:
-    """Return the actions best first and, from a policy, the probability it reports for the first."""
-    if isinstance(session, PolicySession):
-        scores = session.rank(available)
-        return [score.tool for score in scores], scores[0].probability if scores else None
+def _ranked(session: ChooserSession, available: Collection[str]) -> tuple[list[str], float | None]:
+    """Return the actions best first and, from a :class:`ConfidentSession`, the probability of the first."""
+    if isinstance(session, ConfidentSession):
+        return session.rank_with_confidence(available)
     return session.rank(available), None
 
 
