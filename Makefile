@@ -44,8 +44,9 @@ $(VENV)/.model2vec: $(VENV)/.installed
 	$(PIP) install -q --no-deps model2vec==0.10.0 skeletoken==0.6.1
 	touch $@
 
-# A static encoder distilled from the bundled MiniLM: decisions in ~3 ms instead of ~20, at a cost in
-# accuracy (README, "Fast inference"). Train a policy on it with `model.encoder: runs/static_encoder`.
+# A static encoder distilled from the bundled MiniLM (README, "Fast inference"): train a policy with
+# `model.step_encoder: runs/static_encoder` (history steps only: ~8x faster a decision, about as accurate)
+# or `model.encoder: runs/static_encoder` (every text: faster still, less accurate).
 STATIC_ENCODER ?= runs/static_encoder
 static-encoder: $(VENV)/.model2vec
 	$(PY) scripts/distill_static_encoder.py --out $(STATIC_ENCODER)

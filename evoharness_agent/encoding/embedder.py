@@ -74,8 +74,11 @@ class EmbeddingCache:
         """Connect to the file and make sure the table exists."""
         db = sqlite3.connect(str(self.path), timeout=60, check_same_thread=False)
         try:
-            # WAL keeps readers and one writer safe across processes; commits are atomic.
+            # WAL keeps readers and one writer safe across processes; commits are atomic. NORMAL: a
+            # commit does not wait for the disk (a live run writes a step's vector at every decision);
+            # a power cut may lose the last vectors, never the file, and a cache encodes them again.
             db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
             db.execute("CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB)")
             db.commit()
         except BaseException:
@@ -165,6 +168,10 @@ class StateEncoder:
             ``False`` disables the disk cache.
         max_seq_length: token limit per text (step texts are short; longer costs time).
         batch_size: encoding batch size.
+        step_model: another model, of the same width, for the texts of history steps
+            (:meth:`embed_steps`): a state embeds a new step at every decision, its request and
+            tools once a turn, so a fast static model there cuts most of a decision's time.
+            ``None``: this encoder's own model embeds them too.
 
     """
 
@@ -176,6 +183,7 @@ class StateEncoder:
         cache_dir: str | Path | bool | None = None,
         max_seq_length: int = 128,
         batch_size: int = 64,
+        step_model: str | None = None,
     ) -> None:
         self.model_name = model_name_or_path
         self.device = device
@@ -184,13 +192,22 @@ class StateEncoder:
         self._model: Any = None
         self._model_lock = threading.Lock()
         self._memory: dict[str, np.ndarray] = {}
-        self.n_encoded = 0
-        """How many texts this encoder actually ran through the model (cache misses)."""
+        self._n_encoded = 0
         if cache_dir is False:
             self._disk: EmbeddingCache | None = None
         else:
             root = Path(cache_dir) if isinstance(cache_dir, (str, Path)) else default_cache_dir()
             self._disk = EmbeddingCache(root / "embeddings.sqlite")
+        self.step_model = step_model
+        """The model of :meth:`embed_steps` (``None``: this encoder's own)."""
+        self._steps = self if step_model is None else StateEncoder(
+            step_model, device=device, cache_dir=False, max_seq_length=max_seq_length, batch_size=batch_size)
+        self._steps._disk = self._disk  # one connection to the cache file; the keys name the model
+
+    @property
+    def n_encoded(self) -> int:
+        """How many texts this encoder actually ran through its models (cache misses)."""
+        return self._n_encoded + (self._steps._n_encoded if self._steps is not self else 0)
 
     def _load(self) -> Any:
         """Load the sentence-transformer on first use, offline."""
@@ -228,9 +245,25 @@ class StateEncoder:
         """The embedding size."""
         return int(self.embed(["dimension probe"]).shape[1])
 
+    @functools.cached_property
+    def cache_identity(self) -> str:
+        """The model's name in the caches' keys: for a local folder, with a hash of its files.
+
+        A folder distilled or fine-tuned again at the same path must not be served the vectors
+        of the model it replaced.
+        """
+        folder = Path(self.model_name)
+        if not folder.is_dir():
+            return self.model_name
+        digest = hashlib.sha256()
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            with path.open("rb") as file:
+                digest.update(f"{path.relative_to(folder)}\x00".encode() + hashlib.file_digest(file, "sha256").digest())
+        return f"{self.model_name}@{digest.hexdigest()[:16]}"
+
     def _key(self, text: str) -> str:
         """Content hash of (model, token limit, text)."""
-        return _content_key(self.model_name, self.max_seq_length, text)
+        return _content_key(self.cache_identity, self.max_seq_length, text)
 
     def embed(self, texts: Sequence[str], *, show_progress: bool = False, processes: int = 1,
               ray: RayEncoding | None = None) -> np.ndarray:
@@ -258,12 +291,27 @@ class StateEncoder:
                 vectors = self._encode(list(missing.values()), show_progress, processes, ray).astype(np.float32)
             fresh = dict(zip(missing, vectors, strict=True))
             self._memory.update(fresh)
-            self.n_encoded += len(fresh)
+            self._n_encoded += len(fresh)
             if self._disk is not None:
                 self._disk.put_many(fresh)
         if not keys:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self._memory[k] for k in keys])
+
+    def embed_steps(self, texts: Sequence[str], *, show_progress: bool = False, processes: int = 1,
+                    ray: RayEncoding | None = None) -> np.ndarray:
+        """Embed the texts of history steps (:func:`~evoharness_agent.encoding.state.step_text`) with the step model.
+
+        Raises:
+            ValueError: the step model's vectors are not as wide as this encoder's (they share
+                one table of state slots).
+
+        """
+        vectors = self._steps.embed(texts, show_progress=show_progress, processes=processes, ray=ray)
+        if self._steps is not self and vectors.shape[1] != self.dim:
+            raise ValueError(f"step model {self.step_model!r} embeds in {vectors.shape[1]} dimensions, "
+                             f"{self.model_name!r} in {self.dim}: a state's slots need one width")
+        return vectors
 
     def _encode(self, texts: list[str], show_progress: bool, processes: int, ray: RayEncoding | None) -> np.ndarray:
         """Run ``texts`` through the model: on Ray, or in a pool of ``processes`` workers, when each gets a batch."""

@@ -25,7 +25,7 @@ never by its identity, so they carry over to tools never seen.
 
 Training (:func:`evoharness_agent.encoding.transitions.build_dataset`) and serving
 (:class:`evoharness_agent.policy.ToolPolicy`) both call :func:`state_parts`,
-:func:`state_rows` and :func:`gather_states`; the networks find the request and previous-tool
+:func:`state_rows` (with :class:`SlotRows`) and :func:`gather_states`; the networks find the request and previous-tool
 slots through :data:`REQUEST_SLOT` and :data:`PREVIOUS_TOOL_SLOT`. Nothing else knows the order.
 """
 
@@ -65,6 +65,7 @@ __all__ = [
     "PREVIOUS_TOOL_SLOT",
     "REQUEST_SLOT",
     "Decision",
+    "SlotRows",
     "StateParts",
     "decisions",
     "gather_states",
@@ -237,13 +238,13 @@ class StateParts:
     worked: Counter[str] = field(default_factory=Counter)
     """How often each tool was called earlier in the episode and worked."""
 
-    def slot_texts(self, tool_text: Callable[[str], str]) -> list[str | None]:
-        """Return the text of each slot in order (``None`` for an empty one), history unpadded.
+    def fixed_slot_texts(self, tool_text: Callable[[str], str]) -> list[str | None]:
+        """Return the text of each of the :data:`FIXED_SLOTS` in order (``None`` for an empty one).
 
         ``tool_text(name)`` gives a tool's name+description text for the previous-tool slot.
         """
         previous = tool_text(self.previous_tool) if self.previous_tool else None
-        return [self.request, previous, self.task, *self.history]
+        return [self.request, previous, self.task]
 
     def pair_features(self, tools: Sequence[ToolSpec], available: Collection[str] | None = None,
                       coverage: Sequence[float] | None = None) -> list[list[float]]:
@@ -553,11 +554,40 @@ def decisions(episode: Episode, history_window: int) -> list[Decision]:
     return out
 
 
-def state_rows(parts: StateParts, tool_text: Callable[[str], str], row: Callable[[str], int],
-               history_window: int) -> list[int]:
-    """Return the text-table row of every slot: ``row(text)`` for a text, :data:`PAD` for an empty slot."""
-    rows = [PAD if text is None else row(text) for text in parts.slot_texts(tool_text)]
-    return rows + [PAD] * (n_slots(history_window) - len(rows))
+class SlotRows:
+    """The rows of one text table that many states' slots point at: each distinct text once, row 0 :data:`PAD`.
+
+    The text of a history step is filed apart from the fixed slots' texts: it may be embedded by
+    another model (:meth:`~evoharness_agent.encoding.embedder.StateEncoder.embed_steps`).
+    """
+
+    def __init__(self) -> None:
+        """Start with no texts."""
+        self._rows: dict[tuple[bool, str], int] = {}
+
+    def __len__(self) -> int:
+        """Return the number of texts (the table has one more row: PAD)."""
+        return len(self._rows)
+
+    def row(self, text: str, *, step: bool = False) -> int:
+        """Return the row of a fixed slot's text (of a history step's, with ``step``), adding it if new."""
+        return self._rows.setdefault((step, text), len(self._rows) + 1)
+
+    def fill(self, table: np.ndarray, embed: Callable[[list[str]], np.ndarray],
+             embed_steps: Callable[[list[str]], np.ndarray]) -> None:
+        """Write each text's embedding into its row of ``table`` (``embed_steps`` embeds the history steps')."""
+        for step, embed_texts in ((False, embed), (True, embed_steps)):
+            filed = [(text, row) for (is_step, text), row in self._rows.items() if is_step == step]
+            if filed:
+                texts, rows = zip(*filed, strict=True)
+                table[np.asarray(rows)] = embed_texts(list(texts))
+
+
+def state_rows(parts: StateParts, tool_text: Callable[[str], str], slots: SlotRows, history_window: int) -> list[int]:
+    """Return the text-table row of every slot (``slots`` places the texts), :data:`PAD` for an empty one."""
+    fixed = [PAD if text is None else slots.row(text) for text in parts.fixed_slot_texts(tool_text)]
+    history = [slots.row(text, step=True) for text in parts.history]
+    return fixed + history + [PAD] * (n_slots(history_window) - len(fixed) - len(history))
 
 
 def gather_states(table: torch.Tensor, rows: torch.Tensor, features: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from evoharness_agent.encoding.ray_encoding import RayEncoding
 from evoharness_agent.encoding.state import (
     N_PAIR_FEATURES,
     N_STATE_FEATURES,
+    SlotRows,
     decisions,
     gather_states,
     n_slots,
@@ -228,20 +229,24 @@ def _mapped_table(path: Path, shape: tuple[int, int], dtype: EmbeddingDtype) -> 
     return torch.from_numpy(table)
 
 
-def _embedding_table(texts: Sequence[str], encoder: StateEncoder, dim: int, dtype: EmbeddingDtype,
+def _embedding_table(slots: SlotRows, encoder: StateEncoder, dim: int, dtype: EmbeddingDtype,
                      mmap_dir: Path | None, show_progress: bool, processes: int, ray: RayEncoding | None,
                      mmap_shared: bool = False) -> torch.Tensor:
-    """Embed ``texts`` into rows 1.. of a ``(len(texts) + 1, dim)`` table (row 0 is PAD), in memory or on disk.
+    """Embed the texts of ``slots`` into a ``(len(slots) + 1, dim)`` table (row 0 is PAD), in memory or on disk.
 
     With ``mmap_shared`` the table in ``mmap_dir`` is mapped as another process wrote it.
     """
+    shape = (len(slots) + 1, dim)
     if mmap_dir is not None and mmap_shared:
-        return _mapped_table(mmap_dir / EMBEDDINGS_FILE, (len(texts) + 1, dim), dtype)
-    vectors = encoder.embed(texts, show_progress=show_progress, processes=processes, ray=ray) if texts else None
+        return _mapped_table(mmap_dir / EMBEDDINGS_FILE, shape, dtype)
+
+    def fill(table: np.ndarray) -> None:
+        slots.fill(table, lambda texts: encoder.embed(texts, show_progress=show_progress, processes=processes, ray=ray),
+                   lambda texts: encoder.embed_steps(texts, show_progress=show_progress, processes=processes, ray=ray))
+
     if mmap_dir is None:
-        table = np.zeros((len(texts) + 1, dim), dtype=dtype)
-        if vectors is not None:
-            table[1:] = vectors
+        table = np.zeros(shape, dtype=dtype)
+        fill(table)
         return torch.from_numpy(table)
     mmap_dir.mkdir(parents=True, exist_ok=True)
     path = mmap_dir / EMBEDDINGS_FILE
@@ -249,11 +254,10 @@ def _embedding_table(texts: Sequence[str], encoder: StateEncoder, dim: int, dtyp
     def write(tmp: str) -> None:
         # ``open_memmap`` writes the .npy header and the rows straight into the file (a new file is
         # zeros: row 0 is PAD already), with no second copy of the table in memory.
-        table = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(len(texts) + 1, dim))
-        if vectors is not None:
-            table[1:] = vectors
-        table.flush()
-        del table  # unmap before the file is fsynced and renamed into place
+        mapped = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+        fill(mapped)
+        mapped.flush()
+        del mapped  # unmap before the file is fsynced and renamed into place
 
     atomic_write_with(path, write)
     # Copy-on-write: pages are read from the file only when touched, and the array is writable,
@@ -279,7 +283,8 @@ def build_dataset(
 
     Args:
         episodes: the logged episodes.
-        encoder: embeds the step texts and tool descriptions.
+        encoder: embeds the texts of the states and the tool descriptions (history steps with
+            :meth:`~evoharness_agent.encoding.embedder.StateEncoder.embed_steps`).
         history_window: how many of the latest steps a state embeds.
         reward_config: reward shaping (default :class:`RewardConfig`).
         extra_tools: tools to add to the tool table besides the episodes' own.
@@ -305,10 +310,7 @@ def build_dataset(
     requests = {ep.task for ep in episodes} | {s.content for ep in episodes for s in ep.steps if s.kind == "user"}
     encoder.embed(request_part_texts(requests), show_progress=show_progress, processes=encode_processes,
                   ray=encode_ray)
-    text_rows: dict[str, int] = {}
-
-    def row(text: str) -> int:
-        return text_rows.setdefault(text, len(text_rows) + 1)  # row 0 is PAD
+    slots = SlotRows()
 
     def tool_text(name: str) -> str:
         return tools.specs[tools.index[name]].text()
@@ -322,7 +324,7 @@ def build_dataset(
         points = decisions(episode, history_window)
         shaped = shape_rewards(episode, reward_config)
         for point, reward in zip(points, shaped, strict=True):
-            rows.extend(state_rows(point, tool_text, row, history_window))
+            rows.extend(state_rows(point, tool_text, slots, history_window))
             features.extend(point.features)
             actions.append(tools.index[point.action])
             rewards.append(reward)
@@ -336,8 +338,7 @@ def build_dataset(
             episode_ids.append(episode_id)
         dones.extend([False] * (len(points) - 1) + [True] * bool(points))
 
-    texts = sorted(text_rows, key=text_rows.__getitem__)
-    table = _embedding_table(texts, encoder, int(tools.embeddings.shape[1]), embedding_dtype, mmap_dir,
+    table = _embedding_table(slots, encoder, int(tools.embeddings.shape[1]), embedding_dtype, mmap_dir,
                              show_progress, encode_processes, encode_ray, mmap_shared)
 
     n = len(actions)

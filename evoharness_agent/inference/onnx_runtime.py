@@ -184,8 +184,9 @@ class OnnxStateEncoder(StateEncoder):
         section = onnx_section(meta, export_dir)
         export_dir = Path(export_dir)
         identity = f"{meta['encoder']}@onnx-{section['precision']}-{section['encoder_sha256'][:16]}"
+        # A step model (a static one) runs on torch: it has no transformer to export.
         super().__init__(identity, device="cpu", cache_dir=cache_dir, max_seq_length=int(meta["max_seq_length"]),
-                         batch_size=batch_size)
+                         batch_size=batch_size, step_model=meta.get("step_encoder"))
         self.precision = str(section["precision"])
         self.onnx_model = OnnxSentenceEncoder(export_dir / section["encoder"], export_dir / section["tokenizer"],
                                               self.max_seq_length, threads)

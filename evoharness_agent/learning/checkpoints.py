@@ -126,6 +126,7 @@ class PolicyMeta(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict, max_length=64)
     network: _NetworkMeta
     encoder: str = Field(min_length=1, max_length=256)
+    step_encoder: str | None = Field(default=None, min_length=1, max_length=256)
     max_seq_length: int = Field(ge=1, le=8192)
     history_window: int = Field(ge=0, le=64)
     state_layout: int = 1
@@ -423,7 +424,7 @@ def save_checkpoint(out: Path, step: int, algorithm: Algorithm, generator: torch
 
 
 # What makes a checkpoint resumable by this run: the shapes of its networks and what it learns from.
-_SAME_RUN_KEYS = ("algorithm", "params", "network", "encoder", "max_seq_length", "history_window",
+_SAME_RUN_KEYS = ("algorithm", "params", "network", "encoder", "step_encoder", "max_seq_length", "history_window",
                   "state_layout", "state_dim", "tool_dim", "known_tools")
 _SAME_RUN_CONFIG = ("data", "rewards", "algorithm", "model")
 # How the data is embedded and held, not what it is: a resume may change these.

@@ -188,19 +188,27 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     out.mkdir(parents=True, exist_ok=True)
     if init is not None:
         init_meta = read_policy_meta(init)
+        for key in ("encoder", "step_encoder"):  # the weights were trained on the init's embeddings
+            if key in config.model.model_fields_set and getattr(config.model, key) != init_meta.get(key):
+                raise ValueError(f"model.{key} is {getattr(config.model, key)!r}, but the policy to start from "
+                                 f"({init}) embeds with {init_meta.get(key)!r}: a fine-tuned policy keeps its "
+                                 f"start's encoders; drop model.{key}, or train from scratch")
         # The networks' sizes come with the weights; how the policy acts (DECISION_RULE) is this run's own.
         init_network = {key: value for key, value in init_meta["network"].items() if key not in DECISION_RULE}
         config = config.model_copy(update={"model": config.model.model_copy(update={
-            "encoder": init_meta["encoder"], "max_seq_length": init_meta["max_seq_length"],
+            "encoder": init_meta["encoder"], "step_encoder": init_meta.get("step_encoder"),
+            "max_seq_length": init_meta["max_seq_length"],
             "history_window": init_meta["history_window"], **init_network})})
     torch.manual_seed(config.training.seed)
-    if encoder is not None and (encoder.model_name, encoder.max_seq_length) != (config.model.encoder,
-                                                                                config.model.max_seq_length):
+    model = config.model
+    if encoder is not None and ((encoder.model_name, encoder.step_model, encoder.max_seq_length)
+                                != (model.encoder, model.step_encoder, model.max_seq_length)):
         # The policy records the config's encoder: trained on another's embeddings it would be served skewed.
-        raise ValueError(f"the encoder given embeds with {encoder.model_name!r} at {encoder.max_seq_length} tokens, "
-                         f"but model.encoder is {config.model.encoder!r} at {config.model.max_seq_length} "
-                         "(the policy would record one and be trained on the other): pass a matching encoder")
-    encoder = encoder or StateEncoder(config.model.encoder, max_seq_length=config.model.max_seq_length)
+        raise ValueError(f"the encoder given embeds with {encoder.model_name!r} (steps: {encoder.step_model!r}) at "
+                         f"{encoder.max_seq_length} tokens, but model.encoder is {model.encoder!r} (step_encoder: "
+                         f"{model.step_encoder!r}) at {model.max_seq_length} (the policy would record one and be "
+                         "trained on the other): pass a matching encoder")
+    encoder = encoder or StateEncoder(model.encoder, max_seq_length=model.max_seq_length, step_model=model.step_encoder)
     encoded_before = encoder.n_encoded  # a caller's encoder may have encoded texts already
     rewards = config.rewards.reward_config()
     episodes = as_trained(episodes, config)
@@ -229,7 +237,7 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     algorithm = make_algorithm(config.algorithm.name, config.algorithm.params, dims, network, tools).to(device)
     meta = {
         "algorithm": config.algorithm.name, "params": config.algorithm.params,
-        "network": asdict(network), "encoder": config.model.encoder,
+        "network": asdict(network), "encoder": config.model.encoder, "step_encoder": config.model.step_encoder,
         "max_seq_length": config.model.max_seq_length, "history_window": config.model.history_window,
         "state_layout": STATE_LAYOUT_VERSION, "state_dim": dims.state_dim, "tool_dim": dims.tool_dim,
         "known_tools": dataset.tools.names,

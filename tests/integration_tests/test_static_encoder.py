@@ -20,25 +20,30 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_distilled_encoder_embeds_with_meaning_and_a_policy_trains_on_it(tmp_path: Path) -> None:
-    out = load_script("distill_static_encoder").distill_static_encoder(tmp_path / "static", pca_dims=64)
+    out = load_script("distill_static_encoder").distill_static_encoder(tmp_path / "static", pca_dims=384)
     encoder = StateEncoder(str(out), cache_dir=tmp_path / "cache", device="cpu")
     tools = ["send_email: Send an e-mail to one or more recipients.",
              "get_weather: Get the current weather in a city.",
              "create_calendar_event: Add an event to the calendar."]
     vectors = encoder.embed(["e-mail the report to ana", *tools])
-    assert vectors.shape == (4, 64) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert vectors.shape == (4, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     assert int(np.argmax(vectors[1:] @ vectors[0])) == 0  # the request is nearest to send_email
 
     from evoharness_agent.learning.config import load_config
     from evoharness_agent.learning.trainer import train_on_episodes
     from tests.kit.synthetic_logs import synthetic_episodes
 
-    config = load_config(None, {"model": {"encoder": str(out), "hidden": 16, "history_window": 2},
-                                "training": {"steps": 20, "batch_size": 16, "device": "cpu", "threads": 1},
-                                "logging": {"tensorboard": False}})
-    train_on_episodes(synthetic_episodes(), config, tmp_path / "policy", encoder=encoder, show_progress=False)
-    policy = ToolPolicy.load(tmp_path / "policy")  # loads the static encoder its policy.json names
-    assert policy.encoder.model_name == str(out) and policy.meta["tool_dim"] == 64
-    ranking = policy.rank("What is the weather in Lisbon?", [], [ToolSpec(name=t.split(":")[0], description=t)
-                                                               for t in tools])
-    assert {score.tool for score in ranking} == {"send_email", "get_weather", "create_calendar_event", "FINISH"}
+    specs = [ToolSpec(name=t.split(":")[0], description=t) for t in tools]
+    # Every text on the static encoder, then only the history steps (MiniLM for the rest).
+    for name, model in (("every_text", {"encoder": str(out)}), ("steps", {"step_encoder": str(out)})):
+        config = load_config(None, {"model": {**model, "hidden": 16, "history_window": 2},
+                                    "training": {"steps": 20, "batch_size": 16, "device": "cpu", "threads": 1},
+                                    "logging": {"tensorboard": False}})
+        train_on_episodes(synthetic_episodes(), config, tmp_path / name, show_progress=False)
+        policy = ToolPolicy.load(tmp_path / name, cache_dir=tmp_path / "cache")  # the models its policy.json names
+        assert (policy.encoder.model_name, policy.encoder.step_model) == ((str(out), None) if name == "every_text"
+                                                                          else ("all-MiniLM-L6-v2", str(out)))
+        session = policy.session("What is the weather in Lisbon?", specs)
+        session.observe({"tool": "get_weather", "arguments": {"city": "Lisbon"}, "observation": "19 C, sunny"})
+        ranking = session.rank()
+        assert {score.tool for score in ranking} == {"send_email", "get_weather", "create_calendar_event", "FINISH"}

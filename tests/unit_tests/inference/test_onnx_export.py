@@ -55,10 +55,11 @@ def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "st"
 
 
-def tiny_policy(root: Path, encoder_dir: Path, algorithm: str) -> Path:
+def tiny_policy(root: Path, encoder_dir: Path, algorithm: str, step_encoder: Path | None = None) -> Path:
     """Write a policy directory whose weights are all random (so every score term matters)."""
     meta = {"algorithm": algorithm, "params": {}, "network": {"hidden": 8, "layers": 1, "tool_bias": True},
             "encoder": str(encoder_dir), "max_seq_length": 48, "history_window": 2,
+            "step_encoder": str(step_encoder) if step_encoder is not None else None,
             "state_layout": STATE_LAYOUT_VERSION, "state_dim": state_dim(WIDTH, 2), "tool_dim": WIDTH,
             "known_tools": ["search_web", "calculator"]}
     built = build_algorithm(meta, torch.zeros((0, WIDTH)))
@@ -102,6 +103,26 @@ def test_export_round_trip_matches_torch(exported: tuple[Path, Path], tiny_encod
     # Its own cache identity: ONNX vectors never answer for torch ones in the shared disk cache.
     assert onnx_policy.encoder.model_name != torch_policy.encoder.model_name
     assert meta["encoder_sha256"][:16] in onnx_policy.encoder.model_name
+
+
+def test_an_export_embeds_history_steps_with_the_policys_step_model(tmp_path: Path, tiny_encoder_dir: Path) -> None:
+    # The step model (a static one: a table, no transformer to export) runs on torch beside the
+    # exported encoder, so an export serves the states it was trained on.
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+
+    tokenizer = SentenceTransformer(str(tiny_encoder_dir)).tokenizer.backend_tokenizer
+    weights = np.random.default_rng(2).standard_normal((tokenizer.get_vocab_size(), WIDTH)).astype(np.float32)
+    SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_weights=weights)]).save(str(tmp_path / "static"))
+    source = tiny_policy(tmp_path / "policy", tiny_encoder_dir, "cql", step_encoder=tmp_path / "static")
+    export_policy(source, tmp_path / "export")
+    torch_policy = ToolPolicy.load(source, device="cpu", cache_dir=tmp_path / "torch")
+    onnx_policy = ToolPolicy.load(tmp_path / "export", backend="onnx", threads=1, cache_dir=tmp_path / "onnx")
+    assert onnx_policy.encoder.step_model == torch_policy.encoder.step_model == str(tmp_path / "static")
+    np.testing.assert_allclose(onnx_policy.score_matrix(STATES, TOOLS)[1], torch_policy.score_matrix(STATES, TOOLS)[1],
+                               rtol=1e-4, atol=1e-4)
+    step = "called calculator({}) -> ok: 4000"
+    np.testing.assert_allclose(onnx_policy.encoder.embed_steps([step]),
+                               StateEncoder(str(tmp_path / "static"), cache_dir=False).embed([step]), atol=1e-6)
 
 
 def test_saving_an_onnx_policy_writes_a_plain_policy(exported: tuple[Path, Path], tmp_path: Path) -> None:

@@ -338,6 +338,12 @@ def test_init_fine_tunes_from_policy_matching_bias_rows_by_name(
     for key, value in base.items():
         if key != "policy.bias.weight":
             torch.testing.assert_close(tuned[key], value, atol=1e-6, rtol=0)
+    # Its weights were trained on the base's embeddings: asking for other encoders is an error, not ignored.
+    for model in ({"step_encoder": "runs/static_encoder"}, {"encoder": "another-model"}):
+        with pytest.raises(ValueError, match=f"model.{next(iter(model))} is .*a fine-tuned policy keeps"):
+            train_on_episodes(episodes, make_config(steps=1, model=model), tmp_path / "refused", encoder=encoder,
+                              init=ruled, show_progress=False)
+    assert not (tmp_path / "refused" / "policy.json").exists()
 
 
 def test_bf16_autocast_only_where_native(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -388,4 +394,10 @@ def test_an_encoder_other_than_the_configs_is_refused_before_anything_is_embedde
     other = StateEncoder("another-model", cache_dir=cache, device="cpu")
     with pytest.raises(ValueError, match="another-model"):
         train_on_episodes(synthetic_episodes(), make_config(steps=5), tmp_path, encoder=other, show_progress=False)
-    assert shorter.n_encoded == other.n_encoded == 0 and not (tmp_path / "policy.json").exists()
+    # The model of the history steps is part of the encoder: a policy records it too.
+    with_steps = StateEncoder(cache_dir=cache, device="cpu", step_model="a-step-model")
+    with pytest.raises(ValueError, match="steps: 'a-step-model'.*step_encoder: None"):
+        train_on_episodes(synthetic_episodes(), make_config(steps=5), tmp_path, encoder=with_steps,
+                          show_progress=False)
+    assert shorter.n_encoded == other.n_encoded == with_steps.n_encoded == 0
+    assert not (tmp_path / "policy.json").exists()
