@@ -271,7 +271,7 @@ class StateParts:
         for tool, open_, arguments in zip(tools, is_open, missing, strict=True):
             for argument in arguments if open_ and tool.name != FINISH else ():
                 wanted.setdefault(_subject_words(argument), []).append((tool.name, argument))
-        wanted_by_word = _index_by_first_word(wanted)
+        providers = _providers(tools, ids, wanted)
         out = []
         coverage = coverage if coverage is not None else [0.0] * len(tools)
         before = self.known_before_last_call if not self.user_gave_identifier else None
@@ -279,7 +279,8 @@ class StateParts:
         # unless an earlier call of it worked too.
         givers_before = ({name: giver for name, giver in givers.items() if name != just_called}
                          if before is not None and self.worked[just_called or ""] == 1 else givers)
-        for tool, tool_ids, tool_missing, served in zip(tools, ids, missing, coverage, strict=True):
+        for position, (tool, tool_ids, tool_missing, served) in enumerate(zip(tools, ids, missing, coverage,
+                                                                               strict=True)):
             name, verb = tool.name, _name_verb(tool.name)
             just = name == just_called
             unblocked = bool(tool_ids and not tool_missing and before is not None
@@ -293,7 +294,7 @@ class StateParts:
                 min(self.calls_in_turn[name], CALLS_IN_TURN_CAP) / CALLS_IN_TURN_CAP,
                 _named_in(name, request),
                 len(tool_missing) / max(len(tool_ids), 1),
-                0.0 if tool_missing else _provides(tool, tool_ids, wanted_by_word),
+                0.0 if tool_missing else float(position in providers),
                 float(unblocked),
                 0.0 if name == FINISH else float(served),
                 float(verb in LOOKUP_VERBS),
@@ -400,7 +401,7 @@ def _givers(worked: Collection[str], specs: Mapping[str, ToolSpec]) -> dict[str,
 def _not_given_by_calls(arguments: list[str], needer: str, givers: Mapping[str, _Giver]) -> list[str]:
     """Return the identifier ``arguments`` of ``needer`` that no tool in ``givers`` (:func:`_givers`) gave.
 
-    A tool gave an identifier when it is named for it (as :func:`_provides` reads a tool) and
+    A tool gave an identifier when it is named for it (as :func:`_providers` reads a tool) and
     does not require it itself: after ``find_user_id_by_email`` worked, ``get_user_details``
     has its ``user_id``, whether the observation says ``"user_id"``, ``"id"`` or nothing at
     all (a gold action list logs no observations). Else the id looks missing for ever, and
@@ -452,47 +453,46 @@ def _tool_words(name: str, description: str) -> frozenset[str]:
 
 _Needers = Sequence[tuple[str, str]]
 """The ``(tool, argument)`` pairs of the open tools that need one kind of identifier."""
-_SubjectIndex = Mapping[str, Sequence[tuple[tuple[str, ...], _Needers]]]
+_NO_TOOLS: frozenset[int] = frozenset()
 
 
-def _index_by_first_word(wanted: Mapping[tuple[str, ...], _Needers]) -> _SubjectIndex:
-    """Index ``wanted`` (subject words -> needers) by each subject's first word and its 5-letter stem.
+@functools.lru_cache(maxsize=32)  # a live run ranks one tool set at every decision
+def _word_index(tools: tuple[tuple[str, str], ...]) -> dict[str, frozenset[int]]:
+    """Map each word and stem of the (name, description) pairs (:func:`_tool_words`) to the positions that have it."""
+    index: dict[str, set[int]] = {}
+    for position, (name, description) in enumerate(tools):
+        for word in _tool_words(name, description):
+            index.setdefault(word, set()).add(position)
+    return {word: frozenset(positions) for word, positions in index.items()}
 
-    An empty subject is filed under "".
 
-    A tool can speak of a subject only if it has the first word or its stem: with hundreds of
-    tools needing identifiers, each tool then checks a few subjects, not all of them.
+def _providers(tools: Sequence[ToolSpec], ids: Sequence[Sequence[str]],
+               wanted: Mapping[tuple[str, ...], _Needers]) -> set[int]:
+    """Return the positions of the tools named for an identifier another open tool needs, that do not need it.
+
+    ``ids`` are each tool's own required identifiers (:func:`_id_args`); ``wanted`` maps the
+    subjects of open tools' missing identifiers (:func:`_subject_words`) to the tools that need
+    them. A tool whose name or description speaks of that subject (``find_customer`` for
+    ``customer_id``), and that does not itself require the argument, is likely where it comes
+    from. Each subject looks up the tools that have all its words (or their stems), so hundreds
+    of tools needing identifiers cost a few set intersections, not tools x subjects checks.
     """
-    index: dict[str, list[tuple[tuple[str, ...], _Needers]]] = {}
+    if not wanted:
+        return set()
+    index = _word_index(tuple((tool.name, tool.description or "") for tool in tools))
+    found: set[int] = set()
     for subject, needers in wanted.items():
-        keys = {subject[0], subject[0][:5]} if subject else {""}
-        for key in keys:
-            index.setdefault(key, []).append((subject, needers))
-    return index
-
-
-def _provides(tool: ToolSpec, ids: Sequence[str], wanted_by_word: _SubjectIndex) -> float:
-    """Return 1 when the tool is named for an identifier another open tool needs and does not need it itself.
-
-    Called only for a tool that can be called now (none of its own identifiers is missing).
-
-    ``ids`` are the tool's own required identifiers (:func:`_id_args`). ``wanted_by_word`` is
-    :func:`_index_by_first_word` of the subjects that open tools' missing identifiers identify.
-    A tool whose name or description speaks of that subject (``find_customer`` for
-    ``customer_id``), and that does not itself require the argument, is likely where it comes from.
-    """
-    if tool.name == FINISH or not wanted_by_word:
-        return 0.0
-    own = set(ids)
-    words = _tool_words(tool.name, tool.description or "")
-    # Look up the tool's words when there are fewer of them than filed subjects; else scan those.
-    keys = (*words, "") if len(words) < len(wanted_by_word) else wanted_by_word
-    for key in keys:
-        for subject, needers in wanted_by_word.get(key, ()):
-            if (_speaks_of(words, subject)
-                    and any(needer != tool.name and argument not in own for needer, argument in needers)):
-                return 1.0
-    return 0.0
+        if subject:
+            by_word = [index.get(word, _NO_TOOLS) | index.get(word[:5], _NO_TOOLS) for word in subject]
+            speakers: Iterable[int] = by_word[0].intersection(*by_word[1:])
+        else:  # every tool speaks of an empty subject
+            speakers = range(len(tools))
+        for position in speakers:
+            name = tools[position].name
+            if (position not in found and name != FINISH
+                    and any(needer != name and argument not in ids[position] for needer, argument in needers)):
+                found.add(position)
+    return found
 
 
 @dataclass
