@@ -240,9 +240,9 @@ class StateEncoder:
                 self._model.max_seq_length = self.max_seq_length
         return self._model
 
-    @property
+    @functools.cached_property
     def dim(self) -> int:
-        """The embedding size."""
+        """The embedding size (asked at every decision of a step model's policy: probed once)."""
         return int(self.embed(["dimension probe"]).shape[1])
 
     @functools.cached_property

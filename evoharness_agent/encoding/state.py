@@ -37,6 +37,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -260,7 +261,8 @@ class StateParts:
         asked = _clause_verbs(request)
         just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
         is_open = [available is None or tool.name in available for tool in tools]
-        ids = [_id_args(tool) for tool in tools]
+        tool_set = _tool_set(tuple((tool.name, tool.description or "", _required(tool)) for tool in tools))
+        ids = tool_set.ids
         # Users give identifiers as values ("Return order #W6067464"), not by argument name: once
         # they did, which argument a value fills is unknown, so no identifier counts as missing.
         givers = _givers(self.worked, {tool.name: tool for tool in tools})
@@ -271,7 +273,7 @@ class StateParts:
         for tool, open_, arguments in zip(tools, is_open, missing, strict=True):
             for argument in arguments if open_ and tool.name != FINISH else ():
                 wanted.setdefault(_subject_words(argument), []).append((tool.name, argument))
-        providers = _providers(tools, ids, wanted)
+        providers = _providers(tools, tool_set, wanted)
         out = []
         coverage = coverage if coverage is not None else [0.0] * len(tools)
         before = self.known_before_last_call if not self.user_gave_identifier else None
@@ -368,10 +370,20 @@ def _clause_verbs(request: str) -> frozenset[str]:
     return frozenset(verbs)
 
 
-def _id_args(tool: ToolSpec) -> list[str]:
-    """Return the tool's required arguments that are identifiers (``customer_id``, ``token``, ``userId``)."""
-    required = tool.parameters.get("required") or []
-    return [arg for arg in required if isinstance(arg, str) and _ID_ARGUMENT.search(arg)]
+def _required(tool: ToolSpec) -> tuple[str, ...]:
+    """Return the names of the tool's required arguments."""
+    return tuple(arg for arg in tool.parameters.get("required") or [] if isinstance(arg, str))
+
+
+@functools.lru_cache(maxsize=65536)
+def _identifiers(required: tuple[str, ...]) -> tuple[str, ...]:
+    """Return the required arguments that are identifiers (``customer_id``, ``token``, ``userId``)."""
+    return tuple(arg for arg in required if _ID_ARGUMENT.search(arg))
+
+
+def _id_args(tool: ToolSpec) -> tuple[str, ...]:
+    """Return the tool's required arguments that are identifiers (:func:`_identifiers`)."""
+    return _identifiers(_required(tool))
 
 
 def _missing_id_args(ids: Sequence[str], known_text: str) -> list[str]:
@@ -456,21 +468,30 @@ _Needers = Sequence[tuple[str, str]]
 _NO_TOOLS: frozenset[int] = frozenset()
 
 
+class _ToolSet(NamedTuple):
+    """What a decision reads of a tool set that does not change between decisions (:func:`_tool_set`)."""
+
+    ids: list[tuple[str, ...]]
+    """Each tool's required identifiers (:func:`_identifiers`)."""
+    word_index: dict[str, frozenset[int]]
+    """Each word and stem of the tools' names and descriptions (:func:`_tool_words`) -> the positions that have it."""
+
+
 @functools.lru_cache(maxsize=32)  # a live run ranks one tool set at every decision
-def _word_index(tools: tuple[tuple[str, str], ...]) -> dict[str, frozenset[int]]:
-    """Map each word and stem of the (name, description) pairs (:func:`_tool_words`) to the positions that have it."""
+def _tool_set(tools: tuple[tuple[str, str, tuple[str, ...]], ...]) -> _ToolSet:
+    """Return the :class:`_ToolSet` of the tools' (name, description, required arguments), in order."""
     index: dict[str, set[int]] = {}
-    for position, (name, description) in enumerate(tools):
+    for position, (name, description, _) in enumerate(tools):
         for word in _tool_words(name, description):
             index.setdefault(word, set()).add(position)
-    return {word: frozenset(positions) for word, positions in index.items()}
+    return _ToolSet([_identifiers(required) for _, _, required in tools],
+                    {word: frozenset(positions) for word, positions in index.items()})
 
 
-def _providers(tools: Sequence[ToolSpec], ids: Sequence[Sequence[str]],
-               wanted: Mapping[tuple[str, ...], _Needers]) -> set[int]:
+def _providers(tools: Sequence[ToolSpec], tool_set: _ToolSet, wanted: Mapping[tuple[str, ...], _Needers]) -> set[int]:
     """Return the positions of the tools named for an identifier another open tool needs, that do not need it.
 
-    ``ids`` are each tool's own required identifiers (:func:`_id_args`); ``wanted`` maps the
+    ``tool_set`` is the tools' :class:`_ToolSet`; ``wanted`` maps the
     subjects of open tools' missing identifiers (:func:`_subject_words`) to the tools that need
     them. A tool whose name or description speaks of that subject (``find_customer`` for
     ``customer_id``), and that does not itself require the argument, is likely where it comes
@@ -479,7 +500,7 @@ def _providers(tools: Sequence[ToolSpec], ids: Sequence[Sequence[str]],
     """
     if not wanted:
         return set()
-    index = _word_index(tuple((tool.name, tool.description or "") for tool in tools))
+    index, ids = tool_set.word_index, tool_set.ids
     found: set[int] = set()
     for subject, needers in wanted.items():
         if subject:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -95,6 +96,8 @@ def _public_callables(module: ModuleType) -> Iterator[tuple[str, Callable[..., A
                     continue
                 if isinstance(member, property):
                     member = member.fget
+                elif isinstance(member, functools.cached_property):
+                    member = member.func
                 elif isinstance(member, (staticmethod, classmethod)):
                     member = member.__func__
                 if inspect.isfunction(member) and member.__module__ == module.__name__:
@@ -132,6 +135,7 @@ def test_introspection_sees_the_api() -> None:
     seen = {qualname for module in MODULES for qualname, _, _ in _public_callables(module)}
     for expected in ("encoding.transitions.build_dataset", "policy.ToolPolicy.rank", "policy.ToolPolicy.load",
                      "encoding.embedder.StateEncoder.embed", "encoding.embedder.StateEncoder.dim",
+                     "encoding.embedder.StateEncoder.cache_identity",
                      "learning.trainer.train_on_episodes", "learning.algorithms.cql.cql_penalty",
                      "learning.networks.ToolScorer.forward", "encoding.state.state_rows"):
         expected = f"evoharness_agent.{expected}"
