@@ -3,7 +3,8 @@
 ``create_app(policy)`` builds the app; ``evoharness-agent serve`` runs it on uvicorn. Endpoints:
 
 * ``POST /predict``: one state → the best action, its calibrated confidence, every action ranked,
-  and whether an LLM should decide instead (confidence under ``defer_threshold``).
+  and whether an LLM should decide instead (confidence under ``defer_threshold``). Concurrent
+  calls are ranked together (:class:`~evoharness_agent.server.coalescing.Coalescer`).
 * ``POST /predict/batch``: many states in one forward pass, results in request order.
 * ``POST /sessions``, ``POST /sessions/{id}/steps``, ``GET``/``DELETE /sessions/{id}``: the
   incremental form of one run, each step embedded once (a bounded store with expiry).
@@ -36,6 +37,7 @@ from starlette.routing import Match
 
 from evoharness_agent.policy import ToolPolicy, ToolScore
 from evoharness_agent.schema import Step, ToolSpec
+from evoharness_agent.server.coalescing import Coalescer
 from evoharness_agent.server.schemas import (
     BatchPredictRequest,
     BatchPredictResponse,
@@ -88,6 +90,8 @@ class _Metrics:
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0))
         self.batch_size = Histogram("evoharness_batch_size", "States ranked per forward pass of /predict/batch.",
                                     registry=registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+        self.coalesced = Histogram("evoharness_predict_coalesced", "Concurrent /predict states ranked together.",
+                                   registry=registry, buckets=(1, 2, 4, 8, 16, 32, 64))
         self.sessions = Gauge("evoharness_sessions", "Live sessions in the store.", registry=registry)
 
 
@@ -270,11 +274,14 @@ def create_app(policy: ToolPolicy, *, defer_threshold: float = 0.5, max_sessions
     def decide(ranking: list[ToolScore]) -> PredictResponse:
         return PredictResponse.from_ranking(ranking, defer_threshold)
 
+    rank_together: Coalescer[PredictRequest, list[ToolScore]] = Coalescer(
+        lambda requests: rank_requests(policy, requests), on_batch=metrics.coalesced.observe)
+
     @app.post("/predict", operation_id="predict", response_model=PredictResponse, responses=_ERRORS,
               summary="Rank the tools for one state")
     def predict(request: PredictRequest) -> PredictResponse:
         """Rank the available tools and FINISH for a task and its history; pick the best."""
-        return decide(rank_requests(policy, [request])[0])
+        return decide(rank_together(request))
 
     @app.post("/predict/batch", operation_id="predictBatch", response_model=BatchPredictResponse,
               responses=_ERRORS, summary="Rank the tools for many states in one forward pass")

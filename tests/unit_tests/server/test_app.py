@@ -52,6 +52,32 @@ def test_predict_is_the_local_policy_decision(server_url: str, policy: ToolPolic
                                                              available={"calculator", "get_time"})
 
 
+def test_concurrent_predicts_are_ranked_together_each_as_alone(policy: ToolPolicy) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from evoharness_agent.server.app import create_app, serve_in_background
+
+    tasks = [f"What is the weather like in city {i} today?" for i in range(24)]
+    bodies = [{"task_description": task, "history": [CALLED] if i % 3 else [],
+               "available_tools": WIRE_TOOLS if i % 2 else [tool["name"] for tool in WIRE_TOOLS]}
+              for i, task in enumerate(tasks)]
+    with serve_in_background(create_app(policy)) as url, httpx.Client(timeout=30) as client:
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda body: client.post(url + "/predict", json=body), bodies))
+        metrics = client.get(url + "/metrics").text
+    for body, answer in zip(bodies, answers, strict=True):
+        assert answer.status_code == 200
+        tools = body["available_tools"] if isinstance(body["available_tools"][0], str) else SPECS
+        history = [Step(**CALLED)] if body["history"] else []
+        served, alone = as_pairs(answer.json()["ranked_tools"]), local_pairs(policy, body["task_description"], history,
+                                                                             tools)
+        # In a batch, BLAS may round the last bits of a score otherwise than alone.
+        assert [tool for tool, _ in served] == [tool for tool, _ in alone]
+        assert [p for _, p in served] == pytest.approx([p for _, p in alone], abs=1e-4)
+    # Every state went through the coalescer, in batches of one or more.
+    assert "evoharness_predict_coalesced_sum 24.0" in metrics
+
+
 def test_defer_to_llm_follows_the_threshold(policy: ToolPolicy) -> None:
     from evoharness_agent.server.app import create_app, serve_in_background
 
