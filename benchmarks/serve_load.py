@@ -1,6 +1,7 @@
 """A bounded loopback load test of the policy server: batched throughput, and /predict latency under load.
 
-Run: ``python benchmarks/serve_load.py [--states 2048] [--batch 64] [--requests 800] [--clients 16] [--json OUT]``
+Run: ``python benchmarks/serve_load.py [--states 2048] [--batch 64] [--requests 800] [--clients 16]
+[--session-runs 64] [--json OUT]``
 
 The server is the real command, ``evoharness-agent serve --policy default`` (uvicorn, one worker), in
 a process of its own on a free 127.0.0.1 port, with a fresh embedding cache: every state's new
@@ -18,6 +19,10 @@ new text (the newest step).
 2. ``/predict`` under ``--clients`` concurrent clients (threads, one keep-alive connection each),
    ``--requests`` requests in all over states not seen in pass 1: p50 / p99 latency and requests/s;
    then the same requests again (texts cached).
+3. Sessions under ``--clients`` concurrent clients: each client runs BFCL runs not seen before
+   (``--session-runs`` in all, from the end of the list) as an agent would, one session a run,
+   sending each decision's new steps (``/sessions/{id}/steps``): p50 / p99 latency of a decision
+   and decisions/s.
 
 Each figure comes with the server process's CPU time per decision (from ``/proc``, Linux): on a
 shared machine the wall-clock figures fall with the load of other processes, the CPU time does
@@ -37,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,36 +108,87 @@ def batched(url: str, bodies: list[dict[str, Any]], batch: int, pid: int) -> dic
                 "server_cpu_ms_per_decision": 1000 * (cpu_seconds(pid) - cpu) / len(bodies)}
 
 
-def concurrent(url: str, bodies: list[dict[str, Any]], clients: int, pid: int) -> dict[str, float]:
-    """Send every body to /predict from ``clients`` threads; return latency percentiles and requests/s."""
-    latencies: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
+class Tally:
+    """The latencies of the requests that worked and the errors of the others, from many threads."""
 
-    def worker(mine: list[dict[str, Any]]) -> None:
-        with httpx.Client(base_url=url, timeout=300) as client:
-            for body in mine:
-                started = time.perf_counter()
-                response = client.post("/predict", json=body)
-                elapsed = time.perf_counter() - started
-                with lock:
-                    (latencies.append(elapsed) if response.status_code == 200
-                     else errors.append(f"{response.status_code}: {response.text[:200]}"))
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
 
-    threads = [threading.Thread(target=worker, args=(bodies[i::clients],)) for i in range(clients)]
+    def post(self, client: httpx.Client, path: str, body: dict[str, Any], *, timed: bool = True,
+             expected: int = 200) -> httpx.Response:
+        """Send one request; keep its latency (``timed``) or its error."""
+        started = time.perf_counter()
+        response = client.post(path, json=body)
+        elapsed = time.perf_counter() - started
+        with self._lock:
+            if response.status_code != expected:
+                self.errors.append(f"{path} {response.status_code}: {response.text[:200]}")
+            elif timed:
+                self.latencies.append(elapsed)
+        return response
+
+    def figures(self, wall: float, cpu: float) -> dict[str, float]:
+        """Return p50 / p99 in ms, requests/s and the server's CPU ms a request (an error fails the run)."""
+        if self.errors:
+            raise RuntimeError(f"{len(self.errors)} requests failed, e.g. {self.errors[0]}")
+        ms = np.array(self.latencies) * 1000
+        return {"requests": len(ms), "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+                "requests_per_s": len(ms) / wall, "server_cpu_ms_per_decision": 1000 * cpu / len(ms)}
+
+
+def run_threads(worker: Callable[[Any], None], shares: list[Any], pid: int) -> tuple[float, float]:
+    """Run ``worker`` on each share in a thread of its own; return the wall seconds and the server's CPU seconds."""
+    threads = [threading.Thread(target=worker, args=(share,)) for share in shares]
     cpu, started = cpu_seconds(pid), time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - started
-    cpu = cpu_seconds(pid) - cpu
-    if errors:
-        raise RuntimeError(f"{len(errors)} requests failed, e.g. {errors[0]}")
-    ms = np.array(latencies) * 1000
-    return {"requests": len(latencies), "p50_ms": float(np.percentile(ms, 50)),
-            "p99_ms": float(np.percentile(ms, 99)), "requests_per_s": len(latencies) / wall,
-            "server_cpu_ms_per_decision": 1000 * cpu / len(latencies)}
+    return time.perf_counter() - started, cpu_seconds(pid) - cpu
+
+
+def concurrent(url: str, bodies: list[dict[str, Any]], clients: int, pid: int) -> dict[str, float]:
+    """Send every body to /predict from ``clients`` threads; return latency percentiles and requests/s."""
+    tally = Tally()
+
+    def worker(mine: list[dict[str, Any]]) -> None:
+        with httpx.Client(base_url=url, timeout=300) as client:
+            for body in mine:
+                tally.post(client, "/predict", body)
+
+    return tally.figures(*run_threads(worker, [bodies[i::clients] for i in range(clients)], pid))
+
+
+def session_runs(count: int) -> list[tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[int]]]:
+    """The last ``count`` bundled BFCL runs: (task, wire tools, wire steps, the step count at each decision)."""
+    out = []
+    for episode in domain_episodes("bfcl")[-count:]:
+        payload = predict_payload(episode.task, episode.steps, episode.tools)
+        decisions = [index for index, step in enumerate(episode.steps) if step.is_decision]
+        out.append((payload["task_description"], payload["available_tools"], payload["history"], decisions))
+    return out
+
+
+def sessions(url: str, runs: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[int]]], clients: int,
+             pid: int) -> dict[str, float]:
+    """Play every run as a session from ``clients`` threads; return decision latency percentiles and decisions/s."""
+    tally = Tally()
+
+    def worker(mine: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]], list[int]]]) -> None:
+        with httpx.Client(base_url=url, timeout=300) as client:
+            for task, tools, steps, decisions in mine:
+                created = tally.post(client, "/sessions", {"task_description": task, "available_tools": tools},
+                                     timed=False, expected=201)
+                if created.status_code != 201:
+                    continue
+                path, held = f"/sessions/{created.json()['session_id']}/steps", 0
+                for index in decisions:
+                    tally.post(client, path, {"start": held, "steps": steps[held:index]})
+                    held = index
+
+    return tally.figures(*run_threads(worker, [runs[i::clients] for i in range(clients)], pid))
 
 
 def main() -> None:
@@ -140,6 +197,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="States per /predict/batch request.")
     parser.add_argument("--requests", type=int, default=800, help="/predict requests in the concurrent run.")
     parser.add_argument("--clients", type=int, default=16, help="Concurrent /predict clients.")
+    parser.add_argument("--session-runs", type=int, default=64, help="BFCL runs played as concurrent sessions.")
     parser.add_argument("--json", type=Path, help="Also write the figures here.")
     parser.add_argument("--policy", default="default", help="Policy directory served (onnx: an export's).")
     parser.add_argument("--backend", default="torch", choices=["torch", "onnx"], help="The server's backend.")
@@ -156,6 +214,7 @@ def main() -> None:
             warm = batched(url, batch_states, args.batch, server.pid)
             latency = concurrent(url, single_states, args.clients, server.pid)
             latency_cached = concurrent(url, single_states, args.clients, server.pid)
+            session_run = sessions(url, session_runs(args.session_runs), args.clients, server.pid)
             load = os.getloadavg()[0]
         finally:
             server.terminate()
@@ -163,7 +222,7 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     figures = {"cores": cores, "load_average_1min": load, "states": len(batch_states), "batch": args.batch,
                "batched": cold, "batched_cached_texts": warm, "clients": args.clients, "predict": latency,
-               "predict_cached_texts": latency_cached}
+               "predict_cached_texts": latency_cached, "sessions": session_run}
 
     def rates(run: dict[str, float]) -> str:
         unshared = cores * 1000 / run["server_cpu_ms_per_decision"]
@@ -177,6 +236,10 @@ def main() -> None:
         print(f"/predict, {args.clients} concurrent clients, {run['requests']} requests ({name}): "
               f"p50 {run['p50_ms']:.1f} ms, p99 {run['p99_ms']:.1f} ms, {run['requests_per_s']:.0f} requests/s, "
               f"server CPU {run['server_cpu_ms_per_decision']:.2f} ms per decision")
+    print(f"sessions, {args.clients} concurrent clients, {session_run['requests']} decisions of "
+          f"{args.session_runs} runs: p50 {session_run['p50_ms']:.1f} ms, p99 {session_run['p99_ms']:.1f} ms, "
+          f"{session_run['requests_per_s']:.0f} decisions/s, server CPU "
+          f"{session_run['server_cpu_ms_per_decision']:.2f} ms per decision")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
 

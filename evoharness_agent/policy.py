@@ -296,13 +296,16 @@ class PolicySession:
         self.history: list[Step] = []
         policy.encoder.embed([task, *request_parts(task)])  # one encoder call, not one now and one at rank
 
-    def observe(self, step: Step | Mapping[str, Any]) -> None:
+    def observe(self, step: Step | Mapping[str, Any], *, embed: bool = True) -> None:
         """Record a step (tool call, reply or user message) and embed its text once.
 
         Args:
             step: a :class:`~evoharness_agent.schema.Step`, or its dict form as in the logs, e.g.
                 ``{"tool": "search", "arguments": {...}, "observation": "...", "error": False}``
                 (``kind`` defaults to ``"tool_call"``).
+            embed: ``False`` leaves the embedding to the next ranking, which embeds every new text
+                of the states it ranks in one encoder call (the policy server ranks many sessions
+                together).
 
         Raises:
             TypeError: ``step`` is neither a Step nor a mapping.
@@ -319,9 +322,9 @@ class PolicySession:
         elif not isinstance(step, Step):
             raise TypeError(f"observe() takes a Step or its dict form, not {type(step).__name__}")
         # A new request's clauses go in the same encoder call as its text.
-        if step.kind == "user":
+        if embed and step.kind == "user":
             self.policy.encoder.embed([step.content, *request_parts(step.content)])
-        else:
+        elif embed:
             self.policy.encoder.embed_steps([step_text(step)])
         self.history.append(step)  # only now: a step that failed above must not break later ranks
 

@@ -3,12 +3,14 @@
 ``create_app(policy)`` builds the app; ``evoharness-agent serve`` runs it on uvicorn. Endpoints:
 
 * ``POST /predict``: one state → the best action, its calibrated confidence, every action ranked,
-  and whether an LLM should decide instead (confidence under ``defer_threshold``). Concurrent
-  calls are ranked together (:class:`~evoharness_agent.server.coalescing.Coalescer`).
+  and whether an LLM should decide instead (confidence under ``defer_threshold``).
 * ``POST /predict/batch``: many states in one forward pass, results in request order.
 * ``POST /sessions``, ``POST /sessions/{id}/steps``, ``GET``/``DELETE /sessions/{id}``: the
   incremental form of one run, each step embedded once (a bounded store with expiry).
 * ``GET /healthz``, ``GET /metrics`` (Prometheus text).
+
+Concurrent decisions of ``/predict`` and of sessions are ranked together, with one encoder call
+for their new texts (:class:`~evoharness_agent.server.coalescing.Coalescer`).
 
 Bad input is a 422 naming the field, a body over ``max_body_bytes`` a 413; neither reaches the policy.
 Endpoints are plain functions, so FastAPI runs them in its thread pool while the event loop keeps
@@ -36,7 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from starlette.routing import Match
 
 from evoharness_agent.policy import ToolPolicy, ToolScore
-from evoharness_agent.schema import Step, ToolSpec
+from evoharness_agent.schema import Step, ToolSpec, as_tool_spec
 from evoharness_agent.server.coalescing import Coalescer
 from evoharness_agent.server.schemas import (
     BatchPredictRequest,
@@ -90,7 +92,8 @@ class _Metrics:
                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0))
         self.batch_size = Histogram("evoharness_batch_size", "States ranked per forward pass of /predict/batch.",
                                     registry=registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
-        self.coalesced = Histogram("evoharness_predict_coalesced", "Concurrent /predict states ranked together.",
+        self.coalesced = Histogram("evoharness_coalesced_states",
+                                   "Concurrent /predict and session states ranked together.",
                                    registry=registry, buckets=(1, 2, 4, 8, 16, 32, 64))
         self.sessions = Gauge("evoharness_sessions", "Live sessions in the store.", registry=registry)
 
@@ -190,34 +193,52 @@ class _Group:
                 and not specs.keys() & self.bare and not bare & self.specs.keys())
 
 
-def rank_requests(policy: ToolPolicy, requests: Sequence[PredictRequest]) -> list[list[ToolScore]]:
+@dataclass(frozen=True)
+class _State:
+    """One state to rank: a task, the run so far, the tools by name, and the names callable now."""
+
+    task: str
+    history: Sequence[Step]
+    specs: dict[str, ToolSpec]
+    allowed: set[str]
+
+
+def _request_state(request: PredictRequest) -> _State:
+    """Return the state a ``/predict`` body describes."""
+    specs = {spec.name: spec for spec in tool_specs(request.available_tools)}
+    allowed = set(request.allowed_tools if request.allowed_tools is not None else specs)
+    return _State(request.task_description, [step.to_step() for step in request.history], specs, allowed)
+
+
+def _rank_states(policy: ToolPolicy, states: Sequence[_State]) -> list[list[ToolScore]]:
     """Rank many states, one forward pass per group of states with consistent tools (usually one).
 
     Each state is ranked among its own tools, exactly as :meth:`ToolPolicy.rank` ranks it alone:
     the others' tools are masked out (the scorer compares only available tools).
     """
-    histories = [[step.to_step() for step in request.history] for request in requests]
     groups: list[_Group] = []
-    allowed: list[set[str]] = []
-    for index, (request, history) in enumerate(zip(requests, histories, strict=True)):
-        specs = {spec.name: spec for spec in tool_specs(request.available_tools)}
-        bare = {step.tool for step in history if step.tool and step.tool not in specs}
-        group = next((group for group in groups if group.admits(specs, bare)), None)
+    for index, state in enumerate(states):
+        bare = {step.tool for step in state.history if step.tool and step.tool not in state.specs}
+        group = next((group for group in groups if group.admits(state.specs, bare)), None)
         if group is None:
             group = _Group()
             groups.append(group)
-        group.specs.update(specs)
+        group.specs.update(state.specs)
         group.bare |= bare
         group.members.append(index)
-        allowed.append(set(request.allowed_tools if request.allowed_tools is not None else specs))
-    rankings: list[list[ToolScore]] = [[] for _ in requests]
+    rankings: list[list[ToolScore]] = [[] for _ in states]
     for group in groups:
-        states: list[tuple[str, Sequence[Step]]] = [(requests[i].task_description, histories[i])
-                                                    for i in group.members]
-        ranked = policy.rank_batch(states, list(group.specs.values()), available=[allowed[i] for i in group.members])
+        members = [states[i] for i in group.members]
+        ranked = policy.rank_batch([(state.task, state.history) for state in members], list(group.specs.values()),
+                                   available=[state.allowed for state in members])
         for index, ranking in zip(group.members, ranked, strict=True):
             rankings[index] = ranking
     return rankings
+
+
+def rank_requests(policy: ToolPolicy, requests: Sequence[PredictRequest]) -> list[list[ToolScore]]:
+    """Rank the states of many ``/predict`` bodies together, each exactly as :meth:`ToolPolicy.rank` ranks it alone."""
+    return _rank_states(policy, [_request_state(request) for request in requests])
 
 
 def _invalid(field_name: str, message: str) -> RequestValidationError:
@@ -274,14 +295,15 @@ def create_app(policy: ToolPolicy, *, defer_threshold: float = 0.5, max_sessions
     def decide(ranking: list[ToolScore]) -> PredictResponse:
         return PredictResponse.from_ranking(ranking, defer_threshold)
 
-    rank_together: Coalescer[PredictRequest, list[ToolScore]] = Coalescer(
-        lambda requests: rank_requests(policy, requests), on_batch=metrics.coalesced.observe)
+    # Concurrent decisions, of /predict and of sessions alike, are ranked together.
+    rank_together: Coalescer[_State, list[ToolScore]] = Coalescer(
+        lambda states: _rank_states(policy, states), on_batch=metrics.coalesced.observe)
 
     @app.post("/predict", operation_id="predict", response_model=PredictResponse, responses=_ERRORS,
               summary="Rank the tools for one state")
     def predict(request: PredictRequest) -> PredictResponse:
         """Rank the available tools and FINISH for a task and its history; pick the best."""
-        return decide(rank_together(request))
+        return decide(rank_together(_request_state(request)))
 
     @app.post("/predict/batch", operation_id="predictBatch", response_model=BatchPredictResponse,
               responses=_ERRORS, summary="Rank the tools for many states in one forward pass")
@@ -338,9 +360,11 @@ def create_app(policy: ToolPolicy, *, defer_threshold: float = 0.5, max_sessions
             if request.allowed_tools is not None and not set(request.allowed_tools) <= names:
                 unknown = sorted(set(request.allowed_tools) - names)
                 raise _invalid("allowed_tools", f"{unknown} are not among the session's tools")
-            for step in fresh:
-                session.observe(step)
-            ranking = session.rank(request.allowed_tools)
+            for step in fresh:  # embedded with the other states ranked together
+                session.observe(step, embed=False)
+            specs = {spec.name: spec for spec in map(as_tool_spec, session.tools)}
+            allowed = set(request.allowed_tools) if request.allowed_tools is not None else set(specs)
+            ranking = rank_together(_State(session.task, list(session.history), specs, allowed))
             return SessionStepsResponse(**decide(ranking).model_dump(), n_steps=len(session.history))
 
     @app.delete("/sessions/{session_id}", operation_id="deleteSession", status_code=204,

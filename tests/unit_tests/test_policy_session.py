@@ -80,6 +80,12 @@ def test_a_session_embeds_each_request_with_its_clauses_and_ranks_on_one_tool_ta
     fresh = ToolPolicy.load(encoder=encoder, device="cpu").rank(task, session.history, TOOLS)
     assert [r.tool for r in ranked] == [r.tool for r in fresh]
     np.testing.assert_allclose([r.score for r in ranked], [r.score for r in fresh], rtol=1e-5)
+    # embed=False leaves a step to the next ranking (the server embeds many sessions' steps at once).
+    later = Step(tool="search_web", arguments={"q": "hotels Bergen"}, observation="Hotel Norge, 120 EUR")
+    session.observe(later, embed=False)
+    assert encoder.n_encoded == encoded and session.history[-1] == later
+    session.rank()
+    assert encoder.n_encoded == encoded + 1
     for i in range(TOOL_TABLES_KEPT + 1):  # a bounded number of tool sets stays embedded
         policy.rank(task, [], [*TOOLS, ToolSpec(name=f"extra_{i}", description=f"Extra tool {i}")])
     assert len(policy._tool_tables) == TOOL_TABLES_KEPT

@@ -75,7 +75,39 @@ def test_concurrent_predicts_are_ranked_together_each_as_alone(policy: ToolPolic
         assert [tool for tool, _ in served] == [tool for tool, _ in alone]
         assert [p for _, p in served] == pytest.approx([p for _, p in alone], abs=1e-4)
     # Every state went through the coalescer, in batches of one or more.
-    assert "evoharness_predict_coalesced_sum 24.0" in metrics
+    assert "evoharness_coalesced_states_sum 24.0" in metrics
+
+
+def test_concurrent_sessions_are_ranked_together_each_as_alone(policy: ToolPolicy) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from evoharness_agent.server.app import create_app, serve_in_background
+
+    runs = [(f"What is the weather like in town {i}?",
+             [{**CALLED, "arguments": {"city": f"town {i}"}, "observation": f"{i} C"},
+              {"kind": "user", "content": f"And the time in town {i}?"}]) for i in range(12)]
+
+    def run(client: httpx.Client, url: str, task: str, steps: list[dict]) -> list[list[tuple[str, float]]]:
+        session_id = client.post(url + "/sessions", json={"task_description": task,
+                                                          "available_tools": WIRE_TOOLS}).json()["session_id"]
+        rankings = []
+        for start in range(len(steps) + 1):
+            body = {"start": 0, "steps": steps[:start]}
+            answer = client.post(f"{url}/sessions/{session_id}/steps", json=body)
+            assert answer.status_code == 200 and answer.json()["n_steps"] == start
+            rankings.append(as_pairs(answer.json()["ranked_tools"]))
+        return rankings
+
+    with serve_in_background(create_app(policy)) as url, httpx.Client(timeout=30) as client:
+        with ThreadPoolExecutor(12) as pool:
+            served = list(pool.map(lambda item: run(client, url, *item), runs))
+        metrics = client.get(url + "/metrics").text
+    for (task, steps), rankings in zip(runs, served, strict=True):
+        for start, ranking in enumerate(rankings):
+            alone = local_pairs(policy, task, [Step(**step) for step in steps[:start]], SPECS)
+            assert [tool for tool, _ in ranking] == [tool for tool, _ in alone]
+            assert [p for _, p in ranking] == pytest.approx([p for _, p in alone], abs=1e-4)
+    assert "evoharness_coalesced_states_sum 36.0" in metrics  # every decision of every session
 
 
 def test_defer_to_llm_follows_the_threshold(policy: ToolPolicy) -> None:
