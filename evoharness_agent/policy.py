@@ -279,22 +279,23 @@ class ToolPolicy:
         return self.rank_batch([(task, history)], tools, available=[available],
                                include_finish=include_finish)[0]
 
-    def session(self, task: str, tools: Sequence[Any]) -> PolicySession:
-        """Start an incremental session for one run: each new step is embedded once."""
-        return PolicySession(self, task, tools)
+    def session(self, task: str, tools: Sequence[Any], *, embed: bool = True) -> PolicySession:
+        """Start an incremental session for one run: each new step is embedded once (see :class:`PolicySession`)."""
+        return PolicySession(self, task, tools, embed=embed)
 
 
 class PolicySession:
     """The policy's view of one live run: add steps as they happen, rank at each decision."""
 
-    def __init__(self, policy: ToolPolicy, task: str, tools: Sequence[Any]) -> None:
-        """Embed the task (and its clauses) now; steps are embedded when :meth:`observe` sees them."""
+    def __init__(self, policy: ToolPolicy, task: str, tools: Sequence[Any], *, embed: bool = True) -> None:
+        """Embed the task (and its clauses) now, or with ``embed=False`` at the first ranking (as :meth:`observe`)."""
         self.policy = policy
         self.task = task
         self.tools = list(tools)
         self._tool_names = {as_tool_spec(tool).name for tool in self.tools} | {FINISH}
         self.history: list[Step] = []
-        policy.encoder.embed([task, *request_parts(task)])  # one encoder call, not one now and one at rank
+        if embed:
+            policy.encoder.embed([task, *request_parts(task)])  # one encoder call, not one now and one at rank
 
     def observe(self, step: Step | Mapping[str, Any], *, embed: bool = True) -> None:
         """Record a step (tool call, reply or user message) and embed its text once.

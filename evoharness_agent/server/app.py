@@ -322,7 +322,7 @@ def create_app(policy: ToolPolicy, *, defer_threshold: float = 0.5, max_sessions
     @app.post("/sessions", operation_id="createSession", response_model=SessionInfo, status_code=201,
               responses=_ERRORS, summary="Open a session for one run")
     def create_session(request: SessionCreateRequest) -> SessionInfo:
-        """Open a session: the task is embedded now, each step when it is added."""
+        """Open a session: the task is embedded with its first decision, each step with the decision it precedes."""
         session_id = store.create(request.task_description, tool_specs(request.available_tools))
         metrics.sessions.set(len(store))
         return info(session_id)
@@ -338,7 +338,7 @@ def create_app(policy: ToolPolicy, *, defer_threshold: float = 0.5, max_sessions
                                                   "description": "The steps do not continue the session's run"}},
               summary="Add a session's new steps and rank the next decision")
     def add_steps(session_id: str, request: SessionStepsRequest) -> SessionStepsResponse:
-        """Record the steps the session does not hold yet (each embedded once), then rank."""
+        """Record the steps the session does not hold yet, then rank (each text is embedded once, ever)."""
         entry = store.get(session_id)
         if entry is None:
             raise HTTPException(404, f"no session {session_id!r} (expired, evicted or closed): open a new one")

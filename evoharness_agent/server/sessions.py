@@ -1,7 +1,8 @@
 """A bounded store of live policy sessions, each expiring after a while without use.
 
 A session is the server side of one agent run: a :class:`~evoharness_agent.policy.PolicySession`
-that embeds the task once and each new step once, as the executor does locally. The store holds
+that embeds the task once and each new step once, as the executor does locally (here with the
+decisions of other sessions ranked at the same time, in one encoder call). The store holds
 at most ``max_sessions``; when full, the session used longest ago makes room. A client whose
 session expired or was evicted gets a 404 and opens a new one with the run's steps so far
 (:class:`~evoharness_agent.server.client.PolicyClient` does this itself).
@@ -64,8 +65,8 @@ class SessionStore:
             del self._entries[session_id]
 
     def create(self, task: str, tools: Sequence[Any]) -> str:
-        """Open a session (embedding its task now) and return its id."""
-        session = self.policy.session(task, tools)  # embeds outside the store's lock
+        """Open a session and return its id; its task is embedded with its first decision's other new texts."""
+        session = self.policy.session(task, tools, embed=False)
         session_id = secrets.token_urlsafe(16)
         with self._lock:
             now = self._clock()

@@ -49,9 +49,11 @@ def test_the_store_is_bounded_and_evicts_the_least_recently_used(policy: ToolPol
 
 def test_each_step_is_embedded_once(policy: ToolPolicy) -> None:
     store = SessionStore(policy)
+    encoded = policy.encoder.n_encoded
     entry = store.get(store.create(f"What is the weather like in Oslo today? ({uuid.uuid4()})", ["get_weather"]))
-    assert entry is not None
-    entry.session.rank()  # the tools' texts are embedded at the first decision
+    assert entry is not None and policy.encoder.n_encoded == encoded  # the task waits for the first decision
+    entry.session.rank()  # the task's and the tools' texts are embedded at the first decision
+    assert policy.encoder.n_encoded > encoded
     encoded = policy.encoder.n_encoded
     entry.session.observe(Step(tool="get_weather", arguments={"city": "Oslo"}, observation=f"Snow ({uuid.uuid4()})"))
     assert policy.encoder.n_encoded == encoded + 1  # the new step, once
