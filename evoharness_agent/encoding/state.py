@@ -24,9 +24,10 @@ needs a conversion after ``get_weather``). They describe a tool by its relation 
 never by its identity, so they carry over to tools never seen.
 
 Training (:func:`evoharness_agent.encoding.transitions.build_dataset`) and serving
-(:class:`evoharness_agent.policy.ToolPolicy`) both call :func:`state_parts`,
-:func:`state_rows` (with :class:`SlotRows`) and :func:`gather_states`; the networks find the request and previous-tool
-slots through :data:`REQUEST_SLOT` and :data:`PREVIOUS_TOOL_SLOT`. Nothing else knows the order.
+(:class:`evoharness_agent.policy.ToolPolicy`) both call :func:`state_parts`, :func:`state_rows`
+(with :class:`SlotRows`) and :func:`gather_states`; the networks find the request and
+previous-tool slots through :data:`REQUEST_SLOT` and :data:`PREVIOUS_TOOL_SLOT`. Nothing else
+knows the order.
 """
 
 from __future__ import annotations
