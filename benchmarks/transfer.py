@@ -89,8 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     config = config_for(args)
     episodes = all_domain_episodes()
-    encoder = StateEncoder(config.model.encoder, max_seq_length=config.model.max_seq_length,
-                           step_model=config.model.step_encoder)
+    encoder = config.model.state_encoder()
     results = {d: run(d, episodes, config, args.out, encoder) for d in args.leave_out.split(",")}
     console.rule("leave one domain out: top-1 on the left-out domain's tool calls")
     for domain, result in results.items():

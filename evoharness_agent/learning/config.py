@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evoharness_agent.encoding.embedder import DEFAULT_MODEL
+from evoharness_agent.encoding.embedder import DEFAULT_MODEL, StateEncoder
 from evoharness_agent.encoding.ray_encoding import RayEncoding
 from evoharness_agent.encoding.transitions import EmbeddingDtype
 from evoharness_agent.learning.networks import NetworkConfig
@@ -121,6 +121,10 @@ class ModelSection(_Section):
     asked_action_finish_penalty: float = Field(default=NetworkConfig.asked_action_finish_penalty, ge=0.0)
     retry_penalty: float = Field(default=NetworkConfig.retry_penalty, ge=0.0)
     tower_rank_weight: float = Field(default=NetworkConfig.tower_rank_weight, ge=0.0, le=1.0)
+
+    def state_encoder(self) -> StateEncoder:
+        """Return the encoder this section names: its model, token window and step model."""
+        return StateEncoder(self.encoder, max_seq_length=self.max_seq_length, step_model=self.step_encoder)
 
     def network(self) -> NetworkConfig:
         """Return the network part of this section as the networks' own config."""

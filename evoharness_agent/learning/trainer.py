@@ -208,7 +208,7 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
                          f"{encoder.max_seq_length} tokens, but model.encoder is {model.encoder!r} (step_encoder: "
                          f"{model.step_encoder!r}) at {model.max_seq_length} (the policy would record one and be "
                          "trained on the other): pass a matching encoder")
-    encoder = encoder or StateEncoder(model.encoder, max_seq_length=model.max_seq_length, step_model=model.step_encoder)
+    encoder = encoder or model.state_encoder()
     encoded_before = encoder.n_encoded  # a caller's encoder may have encoded texts already
     rewards = config.rewards.reward_config()
     episodes = as_trained(episodes, config)
