@@ -27,6 +27,7 @@ from rich.table import Table
 
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.evaluation.offline import evaluate_offline
+from evoharness_agent.learning.checkpoints import read_policy_meta, resolve_policy_dir
 from evoharness_agent.learning.config import TrainConfig
 from evoharness_agent.learning.trainer import task_group, train_on_episodes
 from evoharness_agent.logs.bundled import domain_episodes, split_bfcl, tau2_retail_split
@@ -59,7 +60,10 @@ def first_tasks(episodes: list[Episode], n: int | None, seed: int) -> list[Episo
 def measure(train: list[Episode], test: list[Episode], init: str | None, steps: int, out: Path,
             encoder: StateEncoder) -> dict[str, float]:
     """Train (from ``init`` or from scratch) and return top-1, live top-1 and calibration on ``test``."""
-    config = TrainConfig.model_validate({"training": {"steps": steps}, "logging": {"tensorboard": False}})
+    # From scratch on the embeddings of the start's encoders: the two runs differ in their start only.
+    config = TrainConfig.model_validate({"model": {"encoder": encoder.model_name, "step_encoder": encoder.step_model,
+                                                   "max_seq_length": encoder.max_seq_length},
+                                         "training": {"steps": steps}, "logging": {"tensorboard": False}})
     train_on_episodes(train, config, out, encoder=encoder, init=init, show_progress=False)
     report = evaluate_offline(ToolPolicy.load(out, encoder=encoder), test, train, encoder=encoder)
     return {"top1": report.metrics["policy"]["top1"], "top3": report.metrics["policy"]["top3"],
@@ -105,7 +109,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args()
-    encoder = StateEncoder()
+    start = read_policy_meta(resolve_policy_dir(args.init))
+    encoder = StateEncoder(start["encoder"], max_seq_length=int(start["max_seq_length"]),
+                           step_model=start.get("step_encoder"))
     results: dict[str, Any] = {}
     for domain in args.domains.split(","):
         train, test = splits(domain)

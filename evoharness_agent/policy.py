@@ -41,7 +41,8 @@ from evoharness_agent.schema import FINISH, Step, ToolSpec, as_tool_spec, finish
 if TYPE_CHECKING:  # onnxruntime is the optional ``onnx`` extra: imported only for backend="onnx"
     from evoharness_agent.inference.onnx_runtime import OnnxScorer
 
-__all__ = ["PolicySession", "RankingPolicy", "RankingSession", "ToolPolicy", "ToolScore", "call_is_due"]
+__all__ = ["CONTINUE_THRESHOLD", "PolicySession", "RankingPolicy", "RankingSession", "ToolPolicy", "ToolScore",
+           "call_is_due"]
 
 TOOL_TABLES_KEPT = 16
 """Tool tables a :class:`ToolPolicy` keeps embedded (one per tool set it ranks; a server sees several)."""
@@ -57,6 +58,12 @@ class ToolScore:
     tool: str
     score: float
     probability: float
+
+
+CONTINUE_THRESHOLD = 0.15
+"""The agents' default ``continue_threshold`` (:func:`call_is_due`). On the shipped default's validation
+split 129 of the 141 decisions right after a call that worked, with another tool ranked first and
+FINISH at 0.15 or less, are tool calls (92%, as at 0.1: 116 of 126; the validation suite 23 of 24)."""
 
 
 def call_is_due(ranking: Sequence[ToolScore], just_worked: str | None, threshold: float | None) -> bool:

@@ -23,6 +23,8 @@ from typing import Any
 
 from safetensors import safe_open
 
+from evoharness_agent.encoding.embedder import model_path
+
 
 def _load(path: Path | None) -> dict[str, Any] | None:
     """Read a JSON document, or ``None`` when it was not given or not written."""
@@ -43,8 +45,12 @@ def _parameters(weights: Path) -> int:
 
 
 def _step_encoder(meta: dict[str, Any]) -> str:
-    """Return the clause naming the model of the history steps, when it is not the encoder."""
-    return f", history steps embedded by `{meta['step_encoder']}`" if meta.get("step_encoder") else ""
+    """Return the clause naming the model of the history steps, and its size, when it is not the encoder."""
+    if not meta.get("step_encoder"):
+        return ""
+    folder = Path(model_path(meta["step_encoder"]))
+    size = sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) if folder.is_dir() else 0
+    return f", history steps embedded by `{meta['step_encoder']}` ({size / 1e6:.1f} MB)"
 
 
 def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path) -> list[str]:

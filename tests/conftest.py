@@ -44,6 +44,12 @@ def agent_encoder(tmp_path_factory: pytest.TempPathFactory) -> StateEncoder:
 
 
 @pytest.fixture(scope="session")
+def default_encoder(tmp_path_factory: pytest.TempPathFactory) -> StateEncoder:
+    """The shipped default's encoders (MiniLM, and the static model of its history steps), loaded once."""
+    return ToolPolicy.load("default", device="cpu", cache_dir=tmp_path_factory.mktemp("default-embeddings")).encoder
+
+
+@pytest.fixture(scope="session")
 def policy_dir(tmp_path_factory: pytest.TempPathFactory, agent_encoder: StateEncoder) -> Path:
     """A policy directory trained on :func:`training_episodes` (about a second of training)."""
     out = tmp_path_factory.mktemp("policy")

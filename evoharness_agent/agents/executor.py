@@ -56,7 +56,14 @@ from evoharness_agent.agents.llm_calls import (
 )
 from evoharness_agent.learning.checkpoints import DEFAULT_POLICY
 from evoharness_agent.logs.events import RANK_EVENT, RUN_EVENT, STEP_EVENT
-from evoharness_agent.policy import RankingPolicy, RankingSession, ToolPolicy, ToolScore, call_is_due
+from evoharness_agent.policy import (
+    CONTINUE_THRESHOLD,
+    RankingPolicy,
+    RankingSession,
+    ToolPolicy,
+    ToolScore,
+    call_is_due,
+)
 from evoharness_agent.schema import (
     FINISH,
     Step,
@@ -174,11 +181,11 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
     top_k: int = Field(default=3, ge=1)
     """In hybrid mode, how many of the policy's best options (FINISH included) the LLM sees as tools;
     answering now is one of its options too, unless a call is due (``continue_threshold``)."""
-    continue_threshold: float | None = Field(default=0.1, ge=0.0, le=1.0)
+    continue_threshold: float | None = Field(default=CONTINUE_THRESHOLD, ge=0.0, le=1.0)
     """In hybrid mode, the policy probability of FINISH at or under which, right after a call that
     worked and with another tool ranked best, the LLM must call one of the top tools (not the one
-    just called) rather than answer (``None``: it may always answer). 0.1 holds back only answers
-    of which about 1 in 10 or fewer would be right; :class:`PolicyToolSelectorMiddleware` does the same."""
+    just called) rather than answer (``None``: it may always answer). 0.15 holds back only answers
+    of which about 15 in 100 or fewer would be right; :class:`PolicyToolSelectorMiddleware` does the same."""
     guardrails: Guardrails | None = None
     """Allow-list, call budgets, confirmation of high-risk tools and the audit log."""
     system_prompt: str | None = None

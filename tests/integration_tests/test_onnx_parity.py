@@ -13,7 +13,6 @@ pytest.importorskip("onnxruntime")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from evoharness_agent.encoding.embedder import StateEncoder  # noqa: E402
 from evoharness_agent.evaluation.parity import backend_parity  # noqa: E402
 from evoharness_agent.inference.onnx_export import export_policy, record_parity  # noqa: E402
 from evoharness_agent.logs.bundled import bfcl_paths, read_native, split_bfcl  # noqa: E402
@@ -25,7 +24,7 @@ pytestmark = pytest.mark.slow  # two exports of MiniLM (~1 min of CPU each) and 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> ToolPolicy:
     """The shipped default on torch, with a fresh embedding cache."""
-    return ToolPolicy.load("default", device="cpu", encoder=StateEncoder(cache_dir=tmp_path_factory.mktemp("torch")))
+    return ToolPolicy.load("default", device="cpu", cache_dir=tmp_path_factory.mktemp("torch"))
 
 
 @pytest.fixture(scope="module")

@@ -71,9 +71,9 @@ def llm() -> Iterator[LocalChatModel]:
 
 
 @pytest.mark.parametrize("mode", ["policy", "hybrid"])
-def test_the_default_looks_up_converts_and_answers(llm: LocalChatModel, agent_encoder: StateEncoder,
+def test_the_default_looks_up_converts_and_answers(llm: LocalChatModel, default_encoder: StateEncoder,
                                                    mode: str) -> None:
-    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=agent_encoder, device="cpu")
+    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=default_encoder, device="cpu")
     SENT.clear()
     executor = PolicyAgentExecutor(llm=llm, tools=TOOLS, policy=policy, mode=mode, max_iterations=6,
                                    return_intermediate_steps=True)
@@ -92,13 +92,13 @@ def test_the_default_looks_up_converts_and_answers(llm: LocalChatModel, agent_en
 
 
 def test_create_agent_with_the_middleware_converts_then_stops(llm: LocalChatModel,
-                                                              agent_encoder: StateEncoder) -> None:
+                                                              default_encoder: StateEncoder) -> None:
     pytest.importorskip("langchain.agents")
     from langchain.agents import create_agent
 
     from evoharness_agent.agents.middleware import PolicyToolSelectorMiddleware
 
-    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=agent_encoder, device="cpu")
+    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=default_encoder, device="cpu")
     SENT.clear()
     calls = ModelCalls()
     graph = create_agent(llm, TOOLS, middleware=[PolicyToolSelectorMiddleware(policy, top_k=2)])
@@ -131,8 +131,8 @@ def book(flight: str) -> str:
     return f"booked {flight}"
 
 
-def test_the_readme_booking_example_books_once(llm: LocalChatModel, agent_encoder: StateEncoder) -> None:
-    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=agent_encoder, device="cpu")
+def test_the_readme_booking_example_books_once(llm: LocalChatModel, default_encoder: StateEncoder) -> None:
+    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=default_encoder, device="cpu")
     BOOKED.clear()
     executor = PolicyAgentExecutor(llm=llm, tools=[search, book], policy=policy, mode="hybrid",
                                    confidence_threshold=0.5, top_k=3, max_iterations=15,
@@ -160,12 +160,12 @@ def get_exchange_rate(base: str, quote: str) -> str:
 
 
 @pytest.mark.parametrize("down", [False, True], ids=["transient", "down"])
-def test_the_default_retries_a_failed_call_once(llm: LocalChatModel, agent_encoder: StateEncoder, down: bool,
+def test_the_default_retries_a_failed_call_once(llm: LocalChatModel, default_encoder: StateEncoder, down: bool,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     # The tool fails once (a timeout): the default tries again rather than answer, then answers.
     # Down for good: it tries twice and answers, not until max_iterations.
     monkeypatch.setattr(f"{__name__}.RATE_SERVICE_DOWN", down)
-    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=agent_encoder, device="cpu")
+    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=default_encoder, device="cpu")
     RATE_CALLS.clear()
     executor = PolicyAgentExecutor(llm=llm, tools=[get_exchange_rate, *TOOLS], policy=policy, mode="policy",
                                    max_iterations=6, return_intermediate_steps=True)

@@ -25,8 +25,8 @@ TOOLS = [_tool("find_customer", "Look up customers by name.", "name"),
 
 
 def test_the_default_lists_the_orders_after_the_lookup_whatever_its_result_calls_the_id(
-        agent_encoder: StateEncoder) -> None:
-    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=agent_encoder, device="cpu")
+        default_encoder: StateEncoder) -> None:
+    policy = ToolPolicy.load(SHIPPED_POLICY, encoder=default_encoder, device="cpu")
     request = "Show me Ann Lee's latest orders."
     assert policy.rank(request, [], TOOLS)[0].tool in {"find_customer", "find_customer_by_email"}  # a lookup first
     for observation in ('[{"id": "C-1042", "name": "Ann Lee", "email": "ann@example.com"}]', ""):

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.encoding.embedder import STATIC_STEP_MODEL, StateEncoder, model_path
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import ToolSpec
 from tests.kit.scripts import load_script
@@ -47,3 +47,12 @@ def test_the_distilled_encoder_embeds_with_meaning_and_a_policy_trains_on_it(tmp
         session.observe({"tool": "get_weather", "arguments": {"city": "Lisbon"}, "observation": "19 C, sunny"})
         ranking = session.rank()
         assert {score.tool for score in ranking} == {"send_email", "get_weather", "create_calendar_event", "FINISH"}
+
+
+def test_the_shipped_step_model_is_what_make_step_model_distils(tmp_path: Path) -> None:
+    # The package's step model is rebuilt, byte for byte, by one command (`make step-model`).
+    out = load_script("distill_static_encoder").distill_static_encoder(tmp_path / "static64", pca_dims=64)
+    shipped = Path(model_path(STATIC_STEP_MODEL))
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in shipped.iterdir())
+    for path in shipped.iterdir():
+        assert (out / path.name).read_bytes() == path.read_bytes(), path.name

@@ -23,7 +23,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_WHEEL_BYTES = 10_000_000
+MAX_WHEEL_BYTES = 12_000_000  # 10.6 MB: the bundled data 5.4, the step model 4.4, the policy 1.4
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,10 @@ def test_the_wheel_is_small_and_has_the_policy_and_the_data(installed: dict[str,
     print(f"wheel: {installed['wheel'].name}, {size / 1e6:.1f} MB")
     assert size < MAX_WHEEL_BYTES
     names = set(zipfile.ZipFile(installed["wheel"]).namelist())
-    assert {"evoharness_agent/trained/default/policy.safetensors", "evoharness_agent/data/README.md",
+    assert {"evoharness_agent/trained/default/policy.safetensors",
+            "evoharness_agent/trained/all-MiniLM-L6-v2-static64/model.safetensors",
+            "evoharness_agent/trained/all-MiniLM-L6-v2-static64/LICENSE.all-MiniLM-L6-v2.txt",
+            "evoharness_agent/data/README.md",
             "evoharness_agent/data/bfcl/multi_turn_base.jsonl.gz",
             "evoharness_agent/data/tau_bench/db/airline/flights.json.gz",
             "evoharness_agent/data/metatool/LICENSE.MetaTool.txt"} <= names
@@ -88,12 +91,17 @@ def test_default_policy_ranks_quietly(installed: dict[str, Path]) -> None:
         "def send_email(to: str, body: str) -> str:\n"
         "    '''Send an email.'''\n"
         "    return 'sent'\n"
-        "ranked = ToolPolicy.load('default').rank('What is the weather in Lyon?', history=[],"
-        " tools=[get_weather, send_email])\n"
+        "policy = ToolPolicy.load('default')\n"
+        "ranked = policy.rank('What is the weather in Lyon?', history=[], tools=[get_weather, send_email])\n"
         "print(ranked[0].tool)\n"
+        "from evoharness_agent.encoding.embedder import model_path\n"
+        "print(policy.encoder.embed_steps(['called get_weather -> sunny']).shape[1])\n"
+        "print(model_path(policy.encoder.step_model))\n"
     )
     result = _run(installed, str(installed["python"]), "-c", script)
-    assert result.stdout.split() == ["get_weather"]
+    top, width, step_model = result.stdout.split()
+    assert (top, width) == ("get_weather", "384")  # the history steps on the step model in the wheel, padded
+    assert Path(step_model).is_relative_to(installed["site"])
     assert "Loading weights" not in result.stderr
 
 

