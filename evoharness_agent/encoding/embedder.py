@@ -331,7 +331,9 @@ class StateEncoder:
                              f"{self.model_name!r} in {self.dim}: a state's slots need one width")
         # A narrower step model fills a slot's first dimensions: a fixed map the network's first
         # layer absorbs, and a unit vector stays one.
-        return np.pad(vectors, ((0, 0), (0, self.dim - vectors.shape[1])))
+        padded = np.zeros((len(vectors), self.dim), dtype=vectors.dtype)
+        padded[:, :vectors.shape[1]] = vectors
+        return padded
 
     def _encode(self, texts: list[str], show_progress: bool, processes: int, ray: RayEncoding | None) -> np.ndarray:
         """Run ``texts`` through the model: on Ray, or in a pool of ``processes`` workers, when each gets a batch."""
@@ -339,7 +341,19 @@ class StateEncoder:
             return ray_encode(texts, ray, model_name=self.model_name, max_seq_length=self.max_seq_length,
                               batch_size=self.batch_size, device=pick_device(self.device),
                               show_progress=show_progress)
+        import torch  # here, not at the top: importing the package must not import torch
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+
         model = self._load()
+        if isinstance(model, SentenceTransformer) and len(model) == 1 and isinstance(model[0], StaticEmbedding):
+            # A static model (StaticEmbedding) is a table lookup: run its own tokenizer and table, since
+            # sentence-transformers' generic encode costs it twice the lookup (a decision's one new step).
+            static = model[0]
+            with torch.inference_mode():
+                features = {key: value.to(model.device) for key, value in static.preprocess(texts).items()}
+                vectors = static(features)["sentence_embedding"]
+            return torch.nn.functional.normalize(vectors, dim=-1).cpu().numpy()
         options = {"batch_size": self.batch_size, "convert_to_numpy": True, "normalize_embeddings": True,
                    "show_progress_bar": show_progress}
         if processes <= 1 or len(texts) < processes * self.batch_size:

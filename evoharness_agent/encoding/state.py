@@ -111,6 +111,7 @@ N_PAIR_FEATURES = len(PAIR_FEATURES)
 AVAILABLE = PAIR_FEATURES.index("available")
 IS_FINISH = PAIR_FEATURES.index("is_finish")
 CALLED_IN_TURN = PAIR_FEATURES.index("called_in_turn")
+CALLED_BEFORE = PAIR_FEATURES.index("called_before")
 PROVIDES_MISSING = PAIR_FEATURES.index("provides_missing")
 MISSING_IDS = PAIR_FEATURES.index("missing_ids")
 JUST_CALLED_FAILED = PAIR_FEATURES.index("just_called_failed")
@@ -249,8 +250,8 @@ class StateParts:
         return [self.request, previous, self.task]
 
     def pair_features(self, tools: Sequence[ToolSpec], available: Collection[str] | None = None,
-                      coverage: Sequence[float] | None = None) -> list[list[float]]:
-        """Return the :data:`PAIR_FEATURES` of each tool, in order (``available``: all of ``tools`` when ``None``).
+                      coverage: Sequence[float] | None = None) -> np.ndarray:
+        """Return the :data:`PAIR_FEATURES` of each tool, in order, as float64 rows (``available``: all when ``None``).
 
         ``coverage`` is each tool's :func:`part_coverage` (it needs the embeddings; 0 when ``None``).
 
@@ -259,52 +260,56 @@ class StateParts:
         express per tool, and the loop a policy without them falls into.
         """
         request = self.request.lower()
-        asked = _clause_verbs(request)
-        just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
-        is_open = [available is None or tool.name in available for tool in tools]
         tool_set = _tool_set(tuple((tool.name, tool.description or "", _required(tool)) for tool in tools))
-        ids = tool_set.ids
+        names, ids = tool_set.names, tool_set.ids
+        at = tool_set.positions
+        # Most columns are the tool set's or the request's; the history touches the few tools it names.
+        out = np.zeros((len(tools), N_PAIR_FEATURES))
+        out[:, NAMED_IN_REQUEST], out[:, ASKED_BY_VERB] = tool_set.request_columns(request)
+        out[:, IS_LOOKUP] = tool_set.is_lookup
+        out[:, IS_FINISH] = tool_set.is_finish
+        is_open = (np.ones(len(tools), dtype=bool) if available is None
+                   else np.fromiter((name in available for name in names), dtype=bool, count=len(names)))
+        out[:, AVAILABLE] = is_open | tool_set.is_finish
+        if coverage is not None:
+            out[:, SERVES_OPEN_PART] = np.where(tool_set.is_finish, 0.0, np.asarray(coverage, dtype=np.float64))
+        for name, count in self.calls_in_turn.items():
+            out[at.get(name, _NOWHERE), CALLED_IN_TURN] = 1.0
+            out[at.get(name, _NOWHERE), CALLS_IN_TURN] = min(count, CALLS_IN_TURN_CAP) / CALLS_IN_TURN_CAP
+        for name in self.called_before:
+            out[at.get(name, _NOWHERE), CALLED_BEFORE] = 1.0
+        for name in self.failed_in_turn:
+            out[at.get(name, _NOWHERE), FAILED_IN_TURN] = 1.0
+        just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
+        if just_called is not None:
+            out[at.get(just_called, _NOWHERE), JUST_CALLED_FAILED if just_failed else JUST_CALLED_OK] = 1.0
         # Users give identifiers as values ("Return order #W6067464"), not by argument name: once
         # they did, which argument a value fills is unknown, so no identifier counts as missing.
-        givers = _givers(self.worked, {tool.name: tool for tool in tools})
-        missing = [[] if self.user_gave_identifier else
-                    _not_given_by_calls(_missing_id_args(tool_ids, self.known_text), tool.name, givers)
-                    for tool, tool_ids in zip(tools, ids, strict=True)]
+        if self.user_gave_identifier or not tool_set.with_ids:
+            return out
+        # A tool that worked, as the schema the tool set has for its name (the last, if it has several).
+        givers = _givers(self.worked, {name: tools[at[name][-1]] for name in self.worked if name in at})
+        missing = {position: needed for position in tool_set.with_ids
+                   if (needed := _not_given_by_calls(_missing_id_args(ids[position], self.known_text),
+                                                     names[position], givers))}
         wanted: dict[tuple[str, ...], list[tuple[str, str]]] = {}
-        for tool, open_, arguments in zip(tools, is_open, missing, strict=True):
-            for argument in arguments if open_ and tool.name != FINISH else ():
-                wanted.setdefault(_subject_words(argument), []).append((tool.name, argument))
-        providers = _providers(tools, tool_set, wanted)
-        out = []
-        coverage = coverage if coverage is not None else [0.0] * len(tools)
-        before = self.known_before_last_call if not self.user_gave_identifier else None
-        # Before the call just made (it worked whenever ``before`` is set), its tool gave nothing yet
-        # unless an earlier call of it worked too.
-        givers_before = ({name: giver for name, giver in givers.items() if name != just_called}
-                         if before is not None and self.worked[just_called or ""] == 1 else givers)
-        for position, (tool, tool_ids, tool_missing, served) in enumerate(zip(tools, ids, missing, coverage,
-                                                                               strict=True)):
-            name, verb = tool.name, _name_verb(tool.name)
-            just = name == just_called
-            unblocked = bool(tool_ids and not tool_missing and before is not None
-                             and _not_given_by_calls(_missing_id_args(tool_ids, before), name, givers_before))
-            out.append([
-                float(name in self.calls_in_turn),
-                float(name in self.called_before),
-                float(just and not just_failed),
-                float(just and just_failed),
-                float(name in self.failed_in_turn),
-                min(self.calls_in_turn[name], CALLS_IN_TURN_CAP) / CALLS_IN_TURN_CAP,
-                _named_in(name, request),
-                len(tool_missing) / max(len(tool_ids), 1),
-                0.0 if tool_missing else float(position in providers),
-                float(unblocked),
-                0.0 if name == FINISH else float(served),
-                float(verb in LOOKUP_VERBS),
-                float(name != FINISH and verb[:5] in asked),
-                float(available is None or name in available or name == FINISH),
-                float(name == FINISH),
-            ])
+        for position, arguments in missing.items():
+            if is_open[position] and names[position] != FINISH:
+                for argument in arguments:
+                    wanted.setdefault(_subject_words(argument), []).append((names[position], argument))
+        for position, arguments in missing.items():
+            out[position, MISSING_IDS] = len(arguments) / len(ids[position])
+        out[[p for p in _providers(tools, tool_set, wanted) if p not in missing], PROVIDES_MISSING] = 1.0
+        before = self.known_before_last_call
+        if before is not None:
+            # Before the call just made (it worked whenever ``before`` is set), its tool gave nothing yet
+            # unless an earlier call of it worked too.
+            givers_before = ({name: giver for name, giver in givers.items() if name != just_called}
+                             if self.worked[just_called or ""] == 1 else givers)
+            for position in tool_set.with_ids:
+                if position not in missing and _not_given_by_calls(_missing_id_args(ids[position], before),
+                                                                   names[position], givers_before):
+                    out[position, JUST_UNBLOCKED] = 1.0
         return out
 
 
@@ -467,26 +472,59 @@ def _tool_words(name: str, description: str) -> frozenset[str]:
 _Needers = Sequence[tuple[str, str]]
 """The ``(tool, argument)`` pairs of the open tools that need one kind of identifier."""
 _NO_TOOLS: frozenset[int] = frozenset()
+_NOWHERE = np.zeros(0, dtype=np.intp)
+"""The positions of a name the tool set does not have."""
 
 
 class _ToolSet(NamedTuple):
     """What a decision reads of a tool set that does not change between decisions (:func:`_tool_set`)."""
 
+    names: list[str]
     ids: list[tuple[str, ...]]
     """Each tool's required identifiers (:func:`_identifiers`)."""
+    with_ids: list[int]
+    """The positions of the tools that require an identifier."""
+    positions: dict[str, np.ndarray]
+    """Each name -> its positions (a tool set may list a name twice)."""
     word_index: dict[str, frozenset[int]]
     """Each word and stem of the tools' names and descriptions (:func:`_tool_words`) -> the positions that have it."""
+    is_lookup: np.ndarray
+    is_finish: np.ndarray
+    verbs: list[str]
+    """The first five letters of each tool's name verb; FINISH's is empty (no request asks for it)."""
+    by_request: dict[str, tuple[np.ndarray, np.ndarray]]
+    """:meth:`request_columns` of the latest requests (a turn asks at each of its decisions)."""
+
+    def request_columns(self, request: str) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``named_in_request`` and ``asked_by_verb`` of each tool for a lower-cased request."""
+        columns = self.by_request.get(request)
+        if columns is None:
+            if len(self.by_request) >= 64:
+                self.by_request.clear()
+            asked = _clause_verbs(request)
+            columns = (np.array([_named_in(name, request) for name in self.names], dtype=np.float64),
+                       np.array([bool(verb) and verb in asked for verb in self.verbs], dtype=np.float64))
+            self.by_request[request] = columns
+        return columns
 
 
 @functools.lru_cache(maxsize=32)  # a live run ranks one tool set at every decision
 def _tool_set(tools: tuple[tuple[str, str, tuple[str, ...]], ...]) -> _ToolSet:
     """Return the :class:`_ToolSet` of the tools' (name, description, required arguments), in order."""
     index: dict[str, set[int]] = {}
+    positions: dict[str, list[int]] = {}
     for position, (name, description, _) in enumerate(tools):
+        positions.setdefault(name, []).append(position)
         for word in _tool_words(name, description):
             index.setdefault(word, set()).add(position)
-    return _ToolSet([_identifiers(required) for _, _, required in tools],
-                    {word: frozenset(positions) for word, positions in index.items()})
+    names = [name for name, _, _ in tools]
+    ids = [_identifiers(required) for _, _, required in tools]
+    return _ToolSet(names, ids, [position for position, own in enumerate(ids) if own],
+                    {name: np.array(where, dtype=np.intp) for name, where in positions.items()},
+                    {word: frozenset(where) for word, where in index.items()},
+                    np.array([_name_verb(name) in LOOKUP_VERBS for name in names], dtype=np.float64),
+                    np.array([name == FINISH for name in names]),
+                    ["" if name == FINISH else _name_verb(name)[:5] for name in names], {})
 
 
 def _providers(tools: Sequence[ToolSpec], tool_set: _ToolSet, wanted: Mapping[tuple[str, ...], _Needers]) -> set[int]:

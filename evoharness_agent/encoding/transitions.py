@@ -13,7 +13,6 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 from typing import Literal
 
@@ -334,7 +333,7 @@ def build_dataset(
             values = point.pair_features(candidate_specs, coverage=coverage)
             pair_counts.append(len(candidates))
             pair_tools.extend(candidates)
-            pair_values.extend(chain.from_iterable(values))
+            pair_values.frombytes(values.astype(np.float32).tobytes())
             episode_ids.append(episode_id)
         dones.extend([False] * (len(points) - 1) + [True] * bool(points))
 

@@ -218,4 +218,8 @@ def test_the_bundled_step_model_loads_offline_from_the_package_in_float32(tmp_pa
     assert vectors.shape == (3, 64) and vectors.dtype == np.float32
     assert np.abs(np.linalg.norm(vectors, axis=1) - 1.0).max() < 1e-5
     assert vectors[0] @ vectors[2] > vectors[0] @ vectors[1]  # distilled from MiniLM: it embeds with meaning
+    # Its table is read directly, not through sentence-transformers' encode: the same vectors.
+    texts = ["called get_weather(city=Paris) -> ok: 14 C", "send_email", "weather in Paris"]
+    library = encoder._load().encode(texts, convert_to_numpy=True, normalize_embeddings=True)
+    np.testing.assert_allclose(vectors, library, rtol=0, atol=1e-7)
     assert encoder.cache_identity.startswith(f"{STATIC_STEP_MODEL}@")

@@ -90,7 +90,7 @@ def test_decisions_history_is_newest_first_and_windowed() -> None:
 def test_decisions_pair_features_track_calls_per_turn_and_episode() -> None:
     specs = [SEARCH, READ, WRITE, finish_spec()]
     # called_in_turn, called_before, just_called_ok, just_called_failed, failed_in_turn, calls_in_turn
-    pairs = [[row[:6] for row in p.pair_features(specs)] for p in decisions(multi_turn(), history_window=1)]
+    pairs = [[row[:6] for row in p.pair_features(specs).tolist()] for p in decisions(multi_turn(), history_window=1)]
     none = [0.0] * 6
     assert pairs[0] == [none] * 4
     assert pairs[1] == [[1.0, 1.0, 1.0, 0.0, 0.0, 0.2], none, none, none]  # search just worked
