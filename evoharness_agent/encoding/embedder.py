@@ -49,6 +49,8 @@ def model_path(name: str) -> str:
         return str(resources.files("evoharness_agent").joinpath("trained", STATIC_STEP_MODEL))
     return name
 
+_STATIC_CHUNK = 16384
+"""Texts a static model embeds in one table lookup."""
 _CORRUPT = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 """The SQLite error codes of a damaged file; a busy or locked database is not one of them."""
 
@@ -349,11 +351,13 @@ class StateEncoder:
         if isinstance(model, SentenceTransformer) and len(model) == 1 and isinstance(model[0], StaticEmbedding):
             # A static model (StaticEmbedding) is a table lookup: run its own tokenizer and table, since
             # sentence-transformers' generic encode costs it twice the lookup (a decision's one new step).
-            static = model[0]
+            static, chunks = model[0], []
             with torch.inference_mode():
-                features = {key: value.to(model.device) for key, value in static.preprocess(texts).items()}
-                vectors = static(features)["sentence_embedding"]
-            return torch.nn.functional.normalize(vectors, dim=-1).cpu().numpy()
+                for start in range(0, len(texts), _STATIC_CHUNK):  # bounds the token ids held at once
+                    features = static.preprocess(texts[start:start + _STATIC_CHUNK])
+                    vectors = static({key: value.to(model.device) for key, value in features.items()})
+                    chunks.append(torch.nn.functional.normalize(vectors["sentence_embedding"], dim=-1).cpu())
+            return torch.cat(chunks).numpy() if chunks else np.zeros((0, static.embedding_dim), dtype=np.float32)
         options = {"batch_size": self.batch_size, "convert_to_numpy": True, "normalize_embeddings": True,
                    "show_progress_bar": show_progress}
         if processes <= 1 or len(texts) < processes * self.batch_size:

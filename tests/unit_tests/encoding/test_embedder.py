@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from evoharness_agent.encoding import embedder
 from evoharness_agent.encoding.embedder import (
     DEFAULT_MODEL,
     STATIC_STEP_MODEL,
@@ -207,7 +208,8 @@ def test_a_model_folder_saved_again_is_not_served_its_old_vectors(tmp_path: Path
     assert StateEncoder(cache_dir=False).cache_identity == DEFAULT_MODEL  # a named model: its name
 
 
-def test_the_bundled_step_model_loads_offline_from_the_package_in_float32(tmp_path: Path) -> None:
+def test_the_bundled_step_model_loads_offline_from_the_package_in_float32(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # Stored in float16 (half the wheel's bytes); run in float32, its vectors are unit length to
     # the cache's tolerance. Its name finds its folder in the package, whose files key the cache.
     folder = Path(model_path(STATIC_STEP_MODEL))
@@ -218,8 +220,9 @@ def test_the_bundled_step_model_loads_offline_from_the_package_in_float32(tmp_pa
     assert vectors.shape == (3, 64) and vectors.dtype == np.float32
     assert np.abs(np.linalg.norm(vectors, axis=1) - 1.0).max() < 1e-5
     assert vectors[0] @ vectors[2] > vectors[0] @ vectors[1]  # distilled from MiniLM: it embeds with meaning
-    # Its table is read directly, not through sentence-transformers' encode: the same vectors.
-    texts = ["called get_weather(city=Paris) -> ok: 14 C", "send_email", "weather in Paris"]
+    # Its table is read directly, not through sentence-transformers' encode, in chunks: the same vectors.
+    texts = ["called get_weather(city=Paris) -> ok: 14 C", "send_email", "weather in Paris", "", "book it"]
     library = encoder._load().encode(texts, convert_to_numpy=True, normalize_embeddings=True)
-    np.testing.assert_allclose(vectors, library, rtol=0, atol=1e-7)
+    monkeypatch.setattr(embedder, "_STATIC_CHUNK", 2)
+    np.testing.assert_allclose(encoder._encode(texts, False, 1, None), library, rtol=0, atol=1e-7)
     assert encoder.cache_identity.startswith(f"{STATIC_STEP_MODEL}@")
