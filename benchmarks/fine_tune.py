@@ -27,7 +27,6 @@ from rich.table import Table
 
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.evaluation.offline import evaluate_offline
-from evoharness_agent.learning.checkpoints import read_policy_meta, resolve_policy_dir
 from evoharness_agent.learning.config import TrainConfig
 from evoharness_agent.learning.trainer import task_group, train_on_episodes
 from evoharness_agent.logs.bundled import domain_episodes, split_bfcl, tau2_retail_split
@@ -109,9 +108,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args()
-    start = read_policy_meta(resolve_policy_dir(args.init))
-    encoder = StateEncoder(start["encoder"], max_seq_length=int(start["max_seq_length"]),
-                           step_model=start.get("step_encoder"))
+    encoder = ToolPolicy.load(args.init).encoder  # the encoders the start policy was trained on
     results: dict[str, Any] = {}
     for domain in args.domains.split(","):
         train, test = splits(domain)

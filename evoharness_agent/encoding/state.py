@@ -274,8 +274,9 @@ class StateParts:
         if coverage is not None:
             out[:, SERVES_OPEN_PART] = np.where(tool_set.is_finish, 0.0, np.asarray(coverage, dtype=np.float64))
         for name, count in self.calls_in_turn.items():
-            out[at.get(name, _NOWHERE), CALLED_IN_TURN] = 1.0
-            out[at.get(name, _NOWHERE), CALLS_IN_TURN] = min(count, CALLS_IN_TURN_CAP) / CALLS_IN_TURN_CAP
+            where = at.get(name, _NOWHERE)
+            out[where, CALLED_IN_TURN] = 1.0
+            out[where, CALLS_IN_TURN] = min(count, CALLS_IN_TURN_CAP) / CALLS_IN_TURN_CAP
         for name in self.called_before:
             out[at.get(name, _NOWHERE), CALLED_BEFORE] = 1.0
         for name in self.failed_in_turn:
@@ -294,12 +295,11 @@ class StateParts:
                                                      names[position], givers))}
         wanted: dict[tuple[str, ...], list[tuple[str, str]]] = {}
         for position, arguments in missing.items():
+            out[position, MISSING_IDS] = len(arguments) / len(ids[position])
             if is_open[position] and names[position] != FINISH:
                 for argument in arguments:
                     wanted.setdefault(_subject_words(argument), []).append((names[position], argument))
-        for position, arguments in missing.items():
-            out[position, MISSING_IDS] = len(arguments) / len(ids[position])
-        out[[p for p in _providers(tools, tool_set, wanted) if p not in missing], PROVIDES_MISSING] = 1.0
+        out[[p for p in _providers(tool_set, wanted) if p not in missing], PROVIDES_MISSING] = 1.0
         before = self.known_before_last_call
         if before is not None:
             # Before the call just made (it worked whenever ``before`` is set), its tool gave nothing yet
@@ -527,7 +527,7 @@ def _tool_set(tools: tuple[tuple[str, str, tuple[str, ...]], ...]) -> _ToolSet:
                     ["" if name == FINISH else _name_verb(name)[:5] for name in names], {})
 
 
-def _providers(tools: Sequence[ToolSpec], tool_set: _ToolSet, wanted: Mapping[tuple[str, ...], _Needers]) -> set[int]:
+def _providers(tool_set: _ToolSet, wanted: Mapping[tuple[str, ...], _Needers]) -> set[int]:
     """Return the positions of the tools named for an identifier another open tool needs, that do not need it.
 
     ``tool_set`` is the tools' :class:`_ToolSet`; ``wanted`` maps the
@@ -539,16 +539,16 @@ def _providers(tools: Sequence[ToolSpec], tool_set: _ToolSet, wanted: Mapping[tu
     """
     if not wanted:
         return set()
-    index, ids = tool_set.word_index, tool_set.ids
+    index, ids, names = tool_set.word_index, tool_set.ids, tool_set.names
     found: set[int] = set()
     for subject, needers in wanted.items():
         if subject:
             by_word = [index.get(word, _NO_TOOLS) | index.get(word[:5], _NO_TOOLS) for word in subject]
             speakers: Iterable[int] = by_word[0].intersection(*by_word[1:])
         else:  # every tool speaks of an empty subject
-            speakers = range(len(tools))
+            speakers = range(len(names))
         for position in speakers:
-            name = tools[position].name
+            name = names[position]
             if (position not in found and name != FINISH
                     and any(needer != name and argument not in ids[position] for needer, argument in needers)):
                 found.add(position)
