@@ -8,10 +8,13 @@ it starts from never saw those held-out tasks (``scripts/train_default.py`` leav
 Reported side by side: top-1 over tool calls (FINISH excluded, as ``evaluate`` does) and
 the live top-1 over every decision with FINISH among the candidates; and, for those live
 decisions, the calibration on the held-out tasks (expected calibration error and coverage at
-95% accuracy of the reported probability).
+95% accuracy of the reported probability). The temperature is cross-fitted
+(``training.calibration_folds``, 5 folds: every training task scored out of fold, plus the
+validation split); the ECE the validation split's temperature alone gives is reported beside it.
 
 Usage: python benchmarks/fine_tune.py [--domains tau2_retail,bfcl] [--sizes 10,25,50,all]
-       [--steps 1500] [--init default] [--json runs/fine_tune.json] [--plot runs/fine_tune.png]
+       [--steps 1500] [--calibration-folds 5] [--init default] [--json runs/fine_tune.json]
+       [--plot runs/fine_tune.png]
 """
 
 from __future__ import annotations
@@ -56,20 +59,38 @@ def first_tasks(episodes: list[Episode], n: int | None, seed: int) -> list[Episo
     return [ep for key in order[:n] for ep in groups[key]]
 
 
-def measure(train: list[Episode], test: list[Episode], init: str | None, steps: int, out: Path,
+def measure(train: list[Episode], test: list[Episode], init: str | None, steps: int, folds: int, out: Path,
             encoder: StateEncoder) -> dict[str, float]:
     """Train (from ``init`` or from scratch) and return top-1, live top-1 and calibration on ``test``."""
     # From scratch on the embeddings of the start's encoders: the two runs differ in their start only.
     config = TrainConfig.model_validate({"model": {"encoder": encoder.model_name, "step_encoder": encoder.step_model,
                                                    "max_seq_length": encoder.max_seq_length},
-                                         "training": {"steps": steps}, "logging": {"tensorboard": False}})
+                                         "training": {"steps": steps, "calibration_folds": folds},
+                                         "logging": {"tensorboard": False}})
     train_on_episodes(train, config, out, encoder=encoder, init=init, show_progress=False)
-    report = evaluate_offline(ToolPolicy.load(out, encoder=encoder), test, train, encoder=encoder)
-    return {"top1": report.metrics["policy"]["top1"], "top3": report.metrics["policy"]["top3"],
-            "live_top1": report.calibration.accuracy,
-            "ece": report.calibration.ece, "coverage_at_95": report.calibration.coverage_at_95,
-            "embedding_similarity_top1": report.metrics["embedding_similarity"]["top1"],
-            "bigram_top1": report.metrics["bigram"]["top1"]}
+    policy = ToolPolicy.load(out, encoder=encoder)
+    report = evaluate_offline(policy, test, train, encoder=encoder)
+    result = {"top1": report.metrics["policy"]["top1"], "top3": report.metrics["policy"]["top3"],
+              "live_top1": report.calibration.accuracy, "temperature": policy.temperature,
+              "ece": report.calibration.ece, "coverage_at_95": report.calibration.coverage_at_95,
+              "embedding_similarity_top1": report.metrics["embedding_similarity"]["top1"],
+              "bigram_top1": report.metrics["bigram"]["top1"]}
+    fit = policy.meta["calibration"]
+    if "temperature_validation" in fit:  # the same policy with the validation split's temperature alone
+        alone = ToolPolicy(policy.algorithm,
+                           {**policy.meta, "calibration": {"temperature": fit["temperature_validation"]}}, encoder)
+        calibration = evaluate_offline(alone, test, train, encoder=encoder).calibration
+        result.update(temperature_validation=fit["temperature_validation"], ece_validation_only=calibration.ece,
+                      coverage_at_95_validation_only=calibration.coverage_at_95)
+    return result
+
+
+def _calibration_cell(result: dict[str, float]) -> str:
+    """Return "ECE / coverage", with the validation-only temperature's in brackets when it was measured."""
+    cell = f"{result['ece']:.3f} / {result['coverage_at_95']:.3f}"
+    if "ece_validation_only" in result:
+        cell += f" ({result['ece_validation_only']:.3f} / {result['coverage_at_95_validation_only']:.3f})"
+    return cell
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -102,6 +123,8 @@ def main() -> None:
     parser.add_argument("--domains", default="tau2_retail,bfcl")
     parser.add_argument("--sizes", default="10,25,50,all")
     parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--calibration-folds", type=int, default=5,
+                        help="cross-fitting folds of the temperature (0: the validation split alone)")
     parser.add_argument("--init", default="default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/fine_tune"))
@@ -119,7 +142,8 @@ def main() -> None:
             n_tasks = len({task_group(ep, i) for i, ep in enumerate(subset)})
             row: dict[str, Any] = {"n_tasks": n_tasks, "n_episodes": len(subset)}
             for start, init in (("scratch", None), ("default", args.init)):
-                row[start] = measure(subset, test, init, args.steps, args.out / domain / f"{size}_{start}", encoder)
+                row[start] = measure(subset, test, init, args.steps, args.calibration_folds,
+                                     args.out / domain / f"{size}_{start}", encoder)
             rows.append(row)
             console.print(f"{domain} {n_tasks} tasks: scratch {row['scratch']['top1']:.3f} / "
                           f"{row['scratch']['live_top1']:.3f}, from default {row['default']['top1']:.3f} / "
@@ -133,12 +157,13 @@ def main() -> None:
                           f"{row['default']['top1']:.3f} / {row['default']['live_top1']:.3f}",
                           f"{row['scratch']['embedding_similarity_top1']:.3f}")
         console.print(table)
-        calibration = Table(title=f"{domain}: calibration on the held-out tasks, ECE / coverage at 95% accuracy")
+        calibration = Table(title=f"{domain}: calibration on the held-out tasks, ECE / coverage at 95% accuracy "
+                                  "(in brackets: the validation split's temperature alone)")
         for column in ("training tasks", "scratch", "from default"):
             calibration.add_column(column, justify="right")
         for row in rows:
-            calibration.add_row(str(row["n_tasks"]), *(f"{row[start]['ece']:.3f} / {row[start]['coverage_at_95']:.3f}"
-                                                      for start in ("scratch", "default")))
+            calibration.add_row(str(row["n_tasks"]), _calibration_cell(row["scratch"]),
+                                _calibration_cell(row["default"]))
         console.print(calibration)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

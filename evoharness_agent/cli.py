@@ -121,6 +121,10 @@ def train(
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
     skip_invalid: Annotated[bool, typer.Option(help="Skip bad log lines (and report them).")] = False,
     default_reward: Annotated[float | None, typer.Option(help="Reward of episodes that have none.")] = None,
+    calibration_folds: Annotated[int | None, typer.Option(
+        help="Fit the confidence temperature on K out-of-fold models' decisions too (K more trainings; for "
+             "logs of a few tasks, where the validation split is a task or two). 0: the validation split alone.")
+    ] = None,
     nproc_per_node: Annotated[int, typer.Option(
         min=1, help="Data-parallel processes on this machine (gloo on CPU, nccl on GPU); the batch size is the "
                     "global batch, split evenly. Or run this command under torchrun.")] = 1,
@@ -134,7 +138,7 @@ def train(
                  "skip_invalid": skip_invalid or None, "default_reward": default_reward},
         "algorithm": {"name": algo.value if algo else None},
         "training": {"steps": steps, "batch_size": batch_size, "device": device, "threads": threads,
-                     "seed": seed},
+                     "seed": seed, "calibration_folds": calibration_folds},
     }
     try:
         cfg = load_config(config, overrides)
@@ -146,6 +150,13 @@ def train(
     console.print(f"policy written to [bold]{out}[/]  ({result['n_transitions']} transitions, "
                   f"{result['n_encoded']} texts encoded, the rest from cache)")
     console.print({k: round(v, 4) for k, v in result.items() if isinstance(v, float)})
+    from evoharness_agent.learning.calibration import FEW_DECISIONS
+
+    fit_on = result.get("n_calibration_decisions", 0)
+    if 0 < fit_on < FEW_DECISIONS and not result.get("n_out_of_fold"):
+        console.print(f"[yellow]the confidence temperature was fit on {fit_on} validation decisions "
+                      "only: with logs of a few tasks, --calibration-folds 5 fits it on every training decision "
+                      "too, scored out of fold (5 more trainings)[/]")
 
 
 def _load(paths: Sequence[Path | str], log_format: str, skip_invalid: bool) -> list:

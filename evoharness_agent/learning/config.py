@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evoharness_agent.encoding.embedder import DEFAULT_MODEL, StateEncoder
 from evoharness_agent.encoding.ray_encoding import RayEncoding
@@ -167,6 +167,19 @@ class TrainingSection(_Section):
     """Steps between atomic checkpoints (``--resume`` continues from the last)."""
     bf16: bool = True
     """bf16 autocast for updates where bf16 is native (GPUs; CPUs with AVX512-BF16 or AMX)."""
+    calibration_folds: int = Field(default=0, ge=0)
+    """0: the calibration temperature is fit on the validation split alone. K >= 2: K more models are
+    trained, each without one K-th of the training tasks, and the temperature is fit on every training
+    decision scored by the model that did not see its task, plus the validation split (K more trainings;
+    for a few tasks of logs, where the validation split is a task or two: see
+    :mod:`~evoharness_agent.learning.cross_fit`)."""
+
+    @field_validator("calibration_folds")
+    @classmethod
+    def _folds(cls, folds: int) -> int:
+        if folds == 1:
+            raise ValueError("1 fold cannot hold a task out: use 0 (the validation split alone) or 2 or more")
+        return folds
 
 
 class LoggingSection(_Section):

@@ -37,6 +37,7 @@ from evoharness_agent.learning.checkpoints import (
     save_policy,
 )
 from evoharness_agent.learning.config import TrainConfig
+from evoharness_agent.learning.cross_fit import cross_fitted_decisions
 from evoharness_agent.learning.distributed import Context, launch, start
 from evoharness_agent.learning.networks import DECISION_RULE
 from evoharness_agent.learning.precision import training_autocast
@@ -45,8 +46,8 @@ from evoharness_agent.logs.importers import load_episodes
 from evoharness_agent.runtime import atomic_write_bytes, pick_device
 from evoharness_agent.schema import Episode
 
-__all__ = ["DATASET_DIR", "TrainResult", "as_trained", "set_threads", "split_episodes", "task_group", "train",
-           "train_on_episodes", "validation_episodes"]
+__all__ = ["DATASET_DIR", "TrainResult", "as_trained", "set_threads", "split_episodes", "task_folds", "task_group",
+           "train", "train_on_episodes", "validation_episodes"]
 
 DATASET_DIR = "dataset"
 """The folder of a run's output directory that holds its memory-mapped embedding table (``data.mmap_embeddings``)."""
@@ -88,6 +89,31 @@ def split_episodes(episodes: Sequence[Episode], val_fraction: float, seed: int) 
         val += members
     taken = set(val)
     return [i for i in range(len(episodes)) if i not in taken], sorted(val)
+
+
+def task_folds(episodes: Sequence[Episode], ids: Sequence[int], folds: int, seed: int) -> list[list[int]]:
+    """Deal the episodes ``ids`` into ``folds`` folds of whole tasks (:func:`task_group`), reproducibly.
+
+    Raises:
+        ValueError: fewer tasks than folds (a fold would hold no task out).
+
+    """
+    groups: dict[str, list[int]] = {}
+    for position in ids:
+        groups.setdefault(task_group(episodes[position], position), []).append(position)
+    if len(groups) < folds:
+        raise ValueError(f"training.calibration_folds is {folds}, but the training split has {len(groups)} "
+                         f"task(s): use at most {len(groups)} folds, or 0 (the validation split alone)")
+    order = list(groups.values())
+    random.Random(seed).shuffle(order)
+    return [sorted(i for members in order[k::folds] for i in members) for k in range(folds)]
+
+
+def _check_folds(folds: int, world_size: int) -> None:
+    """Refuse cross-fitting in a data-parallel run (its folds would train on one rank while the others wait)."""
+    if folds and world_size > 1:
+        raise ValueError(f"training.calibration_folds is {folds}, but this run has {world_size} data-parallel "
+                         "processes: cross-fitting is for logs of a few tasks; train in one process, or set it to 0")
 
 
 def as_trained(episodes: Sequence[Episode], config: TrainConfig) -> list[Episode]:
@@ -212,6 +238,10 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     encoded_before = encoder.n_encoded  # a caller's encoder may have encoded texts already
     rewards = config.rewards.reward_config()
     episodes = as_trained(episodes, config)
+    train_ids, val_ids = split_episodes(episodes, config.data.val_fraction, config.training.seed)
+    folds = config.training.calibration_folds  # checked before the embedding work: too many folds is an error
+    _check_folds(folds, context.world_size)
+    fold_ids = task_folds(episodes, train_ids, folds, config.training.seed) if folds else []
     part = context.shard(config.training.batch_size) if context.world_size > 1 else None
 
     def build(mmap_shared: bool) -> TransitionDataset:
@@ -225,7 +255,6 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     dataset = _build_in_turn(context, build)
     if len(dataset) == 0:
         raise ValueError("the logs contain no decisions (no tool calls or replies) to learn from")
-    train_ids, val_ids = split_episodes(episodes, config.data.val_fraction, config.training.seed)
     set_threads(config.training.threads)
     dataset = dataset.to(device)
     train_index = _subset(dataset, train_ids).to(device)
@@ -234,7 +263,10 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     network = config.model.network()
     dims = Dims(dataset.state_dim, int(dataset.tools.embeddings.shape[1]), len(dataset.tools.specs))
     tools = ToolInputs(dataset.tools.embeddings, torch.arange(len(dataset.tools.specs), device=device))
-    algorithm = make_algorithm(config.algorithm.name, config.algorithm.params, dims, network, tools).to(device)
+    def new_algorithm() -> Algorithm:
+        return make_algorithm(config.algorithm.name, config.algorithm.params, dims, network, tools).to(device)
+
+    algorithm = new_algorithm()
     meta = {
         "algorithm": config.algorithm.name, "params": config.algorithm.params,
         "network": asdict(network), "encoder": config.model.encoder, "step_encoder": config.model.step_encoder,
@@ -299,7 +331,21 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     result = TrainResult(metrics, n_episodes=len(episodes), n_transitions=len(dataset),
                          n_encoded=encoder.n_encoded - encoded_before, out=str(out))
     if context.is_main:
-        calibration = fit_calibration(algorithm, dataset, val_index)  # T for ToolPolicy's probabilities
+        out_of_fold = None
+        if fold_ids:
+            def new_fold() -> Algorithm:
+                fold = new_algorithm()
+                if init is not None:
+                    initialise_from(fold, init, dataset.tools.names)
+                return fold
+
+            out_of_fold = cross_fitted_decisions(new_fold, dataset, train_index,
+                                                 [_subset(dataset, ids).to(device) for ids in fold_ids],
+                                                 config.training, out, device, resume=resume,
+                                                 show_progress=show_progress)
+        calibration = fit_calibration(algorithm, dataset, val_index, out_of_fold)  # T for ToolPolicy's probabilities
+        result.update(n_calibration_decisions=calibration["n_decisions"],
+                      n_out_of_fold=calibration.get("n_out_of_fold", 0))
         save_policy(out, algorithm, {**meta, "metrics": dict(result), "calibration": calibration})
         atomic_write_bytes(log_file, json.dumps(history).encode())
     context.barrier()  # no rank leaves (and tears the group down) before rank 0 has written
@@ -316,6 +362,7 @@ def train(config: TrainConfig, out: str | Path, *, init: str | Path | None = Non
     """
     if nproc_per_node > 1:
         Context(world_size=nproc_per_node).shard(config.training.batch_size)  # fail here, not in N children
+        _check_folds(config.training.calibration_folds, nproc_per_node)
     episodes = training_set(config.data.bundled) if config.data.bundled else []
     if config.data.paths or not episodes:
         loaded = load_episodes(config.data.paths, config.data.format, skip_invalid=config.data.skip_invalid,

@@ -91,6 +91,26 @@ def test_train_then_evaluate_json(workdir: Path) -> None:
     assert "metrics written to" in flat(evaluated.output)
 
 
+def test_train_suggests_cross_fitting_a_temperature_fit_on_few_decisions(workdir: Path) -> None:
+    # 6 episodes, val_fraction 0.1: the temperature is fit on one episode's decisions.
+    out = workdir / "few"
+    alone = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(out),
+                                    "--config", str(workdir / "fast.yaml"), "--steps", "3"])
+    assert alone.exit_code == 0, alone.output
+    assert "--calibration-folds 5 fits it on every training decision" in flat(alone.output)
+    folded = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(out),
+                                     "--config", str(workdir / "fast.yaml"), "--steps", "3",
+                                     "--calibration-folds", "2"])
+    assert folded.exit_code == 0, folded.output
+    assert "--calibration-folds 5" not in flat(folded.output)
+    fit = json.loads((out / "policy.json").read_text())["calibration"]
+    assert fit["n_out_of_fold"] > 0 and fit["n_decisions"] > fit["n_out_of_fold"]
+    refused = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(out),
+                                      "--config", str(workdir / "fast.yaml"), "--steps", "3",
+                                      "--calibration-folds", "9"])
+    assert refused.exit_code != 0 and "calibration_folds is 9" in flat(refused.output)
+
+
 def test_evaluate_never_reads_data_paths_recorded_in_the_policy(workdir: Path) -> None:
     out = workdir / "recorded-paths"
     trained = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(out),

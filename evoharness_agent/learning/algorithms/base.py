@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
@@ -228,6 +229,20 @@ class ScoredDecisions:
     """``(n,)`` the column of the logged action."""
     is_finish: torch.Tensor
     """``(n, K)`` which column is FINISH."""
+
+    @classmethod
+    def concat(cls, parts: Sequence[ScoredDecisions]) -> ScoredDecisions:
+        """Return the decisions of ``parts`` (at least one) in order, in rows as wide as the widest part's."""
+        width = max(part.scores.shape[1] for part in parts)
+
+        def padded(tensor: torch.Tensor, fill: float | bool) -> torch.Tensor:
+            extra = torch.full((tensor.shape[0], width - tensor.shape[1]), fill, dtype=tensor.dtype)
+            return torch.cat([tensor, extra.to(tensor.device)], dim=1)
+
+        return cls(scores=torch.cat([padded(p.scores, NEG_INF) for p in parts]),
+                   masks=torch.cat([padded(p.masks, False) for p in parts]),
+                   actions=torch.cat([p.actions for p in parts]),
+                   is_finish=torch.cat([padded(p.is_finish, False) for p in parts]))
 
 
 @torch.no_grad()

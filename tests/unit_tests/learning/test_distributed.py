@@ -132,6 +132,14 @@ def test_cli_refuses_a_batch_the_processes_cannot_split(logs: Path) -> None:
     assert not (logs / "bad" / "policy.json").exists()
 
 
+def test_cli_refuses_cross_fitting_across_processes(logs: Path) -> None:
+    result = CliRunner().invoke(cli.app, [*train_args(logs, "bad"), "--nproc-per-node", "2",
+                                          "--calibration-folds", "2"])
+    assert result.exit_code == 2, result.output  # before any child is spawned
+    assert "cross-fitting is for logs of a few tasks; train in one process" in " ".join(result.output.split())
+    assert not (logs / "bad" / "policy.json").exists()
+
+
 def test_cli_reads_the_logs_before_spawning(logs: Path) -> None:
     (logs / "broken.jsonl").write_text('{"task": "t", "steps": [{"kind": "bogus"}]}\n')
     args = [*train_args(logs, "bad"), "--nproc-per-node", "2"]

@@ -1,0 +1,105 @@
+"""Cross-fitted calibration: folds of whole tasks, out-of-fold scores, resumable folds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.learning.algorithms.base import ScoredDecisions
+from evoharness_agent.learning.calibration import fit_temperature
+from evoharness_agent.learning.config import load_config
+from evoharness_agent.learning.cross_fit import CROSS_FIT_DIR
+from evoharness_agent.learning.trainer import split_episodes, task_folds, task_group, train_on_episodes
+from evoharness_agent.policy import ToolPolicy
+from tests.kit.synthetic_logs import synthetic_episodes
+from tests.unit_tests.learning.test_calibration import _val_decisions
+
+EPISODES = synthetic_episodes(12)
+
+
+def _config(folds: int):
+    """The tiny CPU run of test_calibration, with ``folds`` cross-fitting folds."""
+    return load_config(None, {
+        "training": {"steps": 40, "batch_size": 16, "device": "cpu", "threads": 1, "checkpoint_every": 40,
+                     "eval_every": 40, "seed": 3, "calibration_folds": folds},
+        "logging": {"tensorboard": False, "log_every": 20},
+        "algorithm": {"name": "cql", "params": {}},
+        "model": {"hidden": 16, "history_window": 2},
+        "data": {"val_fraction": 0.25},
+    })
+
+
+def test_task_folds_hold_whole_tasks_out() -> None:
+    # Two runs of each of 6 tasks: a task's runs must land in one fold.
+    episodes = [episode.model_copy(update={"metadata": {"task_id": i // 2}}) for i, episode in enumerate(EPISODES)]
+    ids = list(range(len(episodes)))
+    folds = task_folds(episodes, ids, 3, seed=0)
+    assert sorted(i for fold in folds for i in fold) == ids and all(folds)
+    for fold in folds:
+        tasks = {task_group(episodes[i], i) for i in fold}
+        assert all(task_group(episodes[i], i) not in tasks for other in folds if other is not fold for i in other)
+    assert folds == task_folds(episodes, ids, 3, seed=0) != task_folds(episodes, ids, 3, seed=1)
+    with pytest.raises(ValueError, match="calibration_folds is 7, but the training split has 6 task"):
+        task_folds(episodes, ids, 7, seed=0)
+
+
+def test_one_fold_is_refused() -> None:
+    with pytest.raises(ValueError, match="1 fold cannot hold a task out"):
+        _config(1)
+
+
+def test_scored_decisions_concat_pads_the_narrower_parts() -> None:
+    wide = ScoredDecisions(scores=torch.ones(2, 3), masks=torch.ones(2, 3, dtype=torch.bool),
+                           actions=torch.tensor([0, 2]), is_finish=torch.zeros(2, 3, dtype=torch.bool))
+    narrow = ScoredDecisions(scores=torch.ones(1, 1), masks=torch.ones(1, 1, dtype=torch.bool),
+                             actions=torch.tensor([0]), is_finish=torch.ones(1, 1, dtype=torch.bool))
+    both = ScoredDecisions.concat([wide, narrow])
+    assert both.scores.shape == both.masks.shape == both.is_finish.shape == (3, 3)
+    assert both.actions.tolist() == [0, 2, 0]
+    assert both.masks[2].tolist() == [True, False, False] and both.is_finish[2].tolist() == [True, False, False]
+    assert (both.scores[2, 1:] < -1e8).all()  # padding is unavailable, far below any score
+
+
+def test_the_temperature_is_fit_on_the_out_of_fold_and_validation_decisions(
+        tmp_path: Path, encoder: StateEncoder) -> None:
+    result = train_on_episodes(EPISODES, _config(3), tmp_path, encoder=encoder, show_progress=False)
+    meta = json.loads((tmp_path / "policy.json").read_text())["calibration"]
+    folds = sorted((tmp_path / CROSS_FIT_DIR).glob("fold_*.pt"))
+    assert [path.name for path in folds] == ["fold_0.pt", "fold_1.pt", "fold_2.pt"]
+    out_of_fold = ScoredDecisions.concat([ScoredDecisions(**torch.load(p, weights_only=True)) for p in folds])
+    policy = ToolPolicy.load(tmp_path, encoder=encoder, device="cpu")
+    scores, actions, masks = _val_decisions(policy)
+    # Every training decision once, scored by a fold model that did not train on its task.
+    train_ids, _ = split_episodes(EPISODES, 0.25, 3)
+    assert meta["n_out_of_fold"] == len(out_of_fold.actions) == result["n_transitions"] - len(actions)
+    assert len(train_ids) < len(EPISODES)
+    assert meta["n_decisions"] == len(out_of_fold.actions) + len(actions)
+    pooled = ScoredDecisions.concat([out_of_fold, ScoredDecisions(scores=scores.float(), masks=masks,
+                                                                  actions=actions, is_finish=torch.zeros_like(masks))])
+    assert policy.temperature == pytest.approx(fit_temperature(pooled.scores, pooled.actions, pooled.masks), rel=0.02)
+    # Recorded beside it: what the validation split alone would have given.
+    assert meta["temperature_validation"] == pytest.approx(fit_temperature(scores, actions, masks), rel=0.02)
+
+
+def test_a_resumed_run_keeps_its_finished_folds(tmp_path: Path, encoder: StateEncoder) -> None:
+    train_on_episodes(EPISODES, _config(2), tmp_path, encoder=encoder, show_progress=False)
+    first = json.loads((tmp_path / "policy.json").read_text())["calibration"]
+    kept, redone = tmp_path / CROSS_FIT_DIR / "fold_0.pt", tmp_path / CROSS_FIT_DIR / "fold_1.pt"
+    scores = torch.load(redone, weights_only=True)["scores"]
+    # A crash after the first fold: its scores stay, the second fold's are gone.
+    redone.unlink()
+    stamp = kept.stat().st_mtime_ns
+    train_on_episodes(EPISODES, _config(2), tmp_path, encoder=encoder, resume=True, show_progress=False)
+    assert kept.stat().st_mtime_ns == stamp and redone.exists()
+    # The fold's own seeds train it again as the first run did (the main run's training, skipped
+    # now, drew from torch's generator then): the same scores, the same temperature.
+    assert torch.equal(torch.load(redone, weights_only=True)["scores"], scores)
+    assert json.loads((tmp_path / "policy.json").read_text())["calibration"]["temperature"] == pytest.approx(
+        first["temperature"], rel=1e-6)
+    # A fresh run (no resume) starts its folds afresh.
+    train_on_episodes(EPISODES, _config(2), tmp_path, encoder=encoder, show_progress=False)
+    assert kept.stat().st_mtime_ns != stamp
