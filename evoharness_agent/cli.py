@@ -240,6 +240,12 @@ def evaluate(
     except (LogFormatError, ValueError, FileNotFoundError) as error:
         raise _fail(str(error)) from error
     print_report(report, f"{policy}", console)
+    fit = loaded_policy.meta.get("calibration") or {}
+    if fit.get("n_decisions"):
+        held_out = fit.get("n_out_of_fold")
+        folds = f" ({held_out} out of fold, the rest its validation split)" if held_out else " (its validation split)"
+        console.print(f"its temperature {loaded_policy.temperature:.3f} was fit on {fit['n_decisions']} decisions, "
+                      f"each scored by a model that had not trained on its task{folds}", highlight=False)
     if json_out:
         report.write_json(json_out)
         console.print(f"metrics written to {json_out}")

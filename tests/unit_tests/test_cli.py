@@ -105,6 +105,11 @@ def test_train_suggests_cross_fitting_a_temperature_fit_on_few_decisions(workdir
     assert "--calibration-folds 5" not in flat(folded.output)
     fit = json.loads((out / "policy.json").read_text())["calibration"]
     assert fit["n_out_of_fold"] > 0 and fit["n_decisions"] > fit["n_out_of_fold"]
+    evaluated = runner.invoke(cli.app, ["evaluate", "--policy", str(out), "--data", str(workdir / "logs.jsonl"),
+                                        "--baseline-data", str(workdir / "logs.jsonl")])
+    assert evaluated.exit_code == 0, evaluated.output
+    assert (f"was fit on {fit['n_decisions']} decisions, each scored by a model that had not trained on its task "
+            f"({fit['n_out_of_fold']} out of fold, the rest its validation split)") in flat(evaluated.output)
     refused = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(out),
                                       "--config", str(workdir / "fast.yaml"), "--steps", "3",
                                       "--calibration-folds", "9"])
