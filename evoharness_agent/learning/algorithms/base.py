@@ -236,8 +236,9 @@ class ScoredDecisions:
         width = max(part.scores.shape[1] for part in parts)
 
         def padded(tensor: torch.Tensor, fill: float | bool) -> torch.Tensor:
-            extra = torch.full((tensor.shape[0], width - tensor.shape[1]), fill, dtype=tensor.dtype)
-            return torch.cat([tensor, extra.to(tensor.device)], dim=1)
+            extra = torch.full((tensor.shape[0], width - tensor.shape[1]), fill, dtype=tensor.dtype,
+                               device=tensor.device)
+            return torch.cat([tensor, extra], dim=1)
 
         return cls(scores=torch.cat([padded(p.scores, NEG_INF) for p in parts]),
                    masks=torch.cat([padded(p.masks, False) for p in parts]),
