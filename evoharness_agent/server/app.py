@@ -189,7 +189,8 @@ class _Group:
 
     def admits(self, specs: dict[str, ToolSpec], bare: set[str]) -> bool:
         """Whether a state with these tools ranks here exactly as it would alone."""
-        return (all(self.specs.get(name, spec) == spec for name, spec in specs.items())
+        # Most specs are the very objects the group holds (tool_specs shares them): identity first.
+        return (all((held := self.specs.get(name, spec)) is spec or held == spec for name, spec in specs.items())
                 and not specs.keys() & self.bare and not bare & self.specs.keys())
 
 

@@ -7,6 +7,7 @@ embedded. The request shape is the seed's ``/predict``: a task, the available to
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
@@ -128,7 +129,46 @@ def _check_tools(tools: list[str | ToolIn], allowed: list[str] | None) -> None:
 
 def tool_specs(tools: list[str | ToolIn]) -> list[ToolSpec]:
     """Return the :class:`~evoharness_agent.schema.ToolSpec` of each offered tool."""
-    return [as_tool_spec(tool if isinstance(tool, str) else tool.model_dump()) for tool in tools]
+    specs = []
+    for tool in tools:
+        if isinstance(tool, str):
+            specs.append(as_tool_spec(tool))
+            continue
+        same = _SameTool(tool)
+        specs.append(_spec_of(same) if len(same.key[2]) <= _MAX_CACHED_SCHEMA_CHARS
+                     else as_tool_spec(tool.model_dump()))
+    return specs
+
+
+_MAX_CACHED_SCHEMA_CHARS = 16_000
+"""Larger schemas are not kept: 1,024 kept tools then hold at most tens of MB, whatever clients send."""
+
+
+class _SameTool:
+    """A tool as a cache key: equal to another with the same name, description and parameters."""
+
+    __slots__ = ("key", "tool")
+
+    def __init__(self, tool: ToolIn) -> None:
+        self.tool = tool
+        # repr, not json.dumps: a quarter of the cost, and JSON values' reprs differ where they do.
+        self.key = (tool.name, tool.description, repr(tool.parameters))
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SameTool) and self.key == other.key
+
+
+@functools.lru_cache(maxsize=1024)
+def _spec_of(tool: _SameTool) -> ToolSpec:
+    """Return a tool's spec, once per distinct tool: clients send the same tools with every state.
+
+    Building a spec normalises its JSON schema: with 16-30 tools a state, that was a quarter of
+    a decision's server time once the texts are embedded. The specs are shared; nothing changes one.
+    """
+    return as_tool_spec(tool.tool.model_dump())
 
 
 _PREDICT_EXAMPLE: dict[str, Any] = {

@@ -99,8 +99,11 @@ class Algorithm(Protocol):
     name: ClassVar[str]
     modules: dict[str, nn.Module]
     tools: ToolInputs
-    optimizer: torch.optim.Optimizer | None
-    """The one optimiser over the trained modules (data-parallel runs hook their gradient all-reduce on it)."""
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The one optimiser over the trained modules (data-parallel runs hook their gradient all-reduce on it)."""
+        ...
 
     @property
     def acting(self) -> tuple[str, ...]:
@@ -149,13 +152,25 @@ class AlgorithmBase:
         self.tools = tools
         self.modules: dict[str, nn.Module] = {}
         self.trainable: tuple[str, ...] = ()
-        self.optimizer: torch.optim.Optimizer | None = None
+        self._adam_settings = (0.0, 0.0)
+        self._optimizer: torch.optim.Optimizer | None = None
 
     def _finish_init(self, trainable: list[str], lr: float, weight_decay: float = 0.0) -> None:
-        """Create the optimiser over the ``trainable`` modules and enter training mode."""
+        """Name the ``trainable`` modules (their optimiser is made when first used) and enter training mode."""
         self.trainable = tuple(trainable)
-        self.optimizer = adam([self.modules[n] for n in trainable], lr, weight_decay)
+        self._adam_settings = (lr, weight_decay)
         self.set_training(True)
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The one Adam over the trainable modules, made on first use (``None`` when nothing is trainable).
+
+        A policy that only acts never uses it: making the first optimiser of a process imports
+        ``torch.optim``'s compiler machinery, about 2 s of every ``ToolPolicy.load``.
+        """
+        if self._optimizer is None and self.trainable:
+            self._optimizer = adam([self.modules[n] for n in self.trainable], *self._adam_settings)
+        return self._optimizer
 
     def set_training(self, training: bool) -> None:
         """Put trained modules in train or eval mode; target copies always stay in eval mode.
@@ -213,7 +228,7 @@ class AlgorithmBase:
         """Restore what :meth:`state_dict` returned."""
         for name, module in self.modules.items():
             module.load_state_dict(state[name])
-        if self.optimizer is not None and "optimizer" in state:
+        if "optimizer" in state and self.optimizer is not None:  # in this order: a policy's state has none
             self.optimizer.load_state_dict(state["optimizer"])
 
 

@@ -61,6 +61,16 @@ def test_saved_policy_loads(policy_dir: Path) -> None:
     assert sorted(os.listdir(policy_dir)) == ["policy.json", "policy.safetensors"]  # no staging left
 
 
+def test_a_loaded_policy_makes_no_optimiser_and_a_checkpoint_always_has_one(policy_dir: Path, tmp_path: Path) -> None:
+    # Making a process's first optimiser costs ~2 s of imports: a policy that only acts needs none.
+    algorithm, _ = load_policy(policy_dir, "cpu")
+    assert algorithm._optimizer is None  # type: ignore[attr-defined]
+    trained = _algorithm("cql")
+    save_checkpoint(tmp_path / "run", 1, trained, torch.Generator(), _meta("cql"))
+    optimiser = torch.load(tmp_path / "run" / "checkpoint" / "optimizer.pt", weights_only=True)
+    assert optimiser is not None and optimiser["param_groups"]
+
+
 def test_network_bounds_cover_every_network_setting() -> None:
     assert set(_NetworkMeta.model_fields) == set(NetworkConfig.__dataclass_fields__)
 

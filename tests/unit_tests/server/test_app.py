@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 import pytest
 
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import FINISH, Step, as_tool_spec
-from evoharness_agent.server.schemas import MAX_TEXT_CHARS, MAX_TOOLS
+from evoharness_agent.server.schemas import MAX_TEXT_CHARS, MAX_TOOLS, ToolIn, tool_specs
 from tests.kit.tools import TOOLS
 
 WEATHER = "What is the weather like in Tokyo today?"
@@ -243,3 +244,20 @@ def test_openapi_is_fit_for_a_generated_client(server_url: str) -> None:
     components = schema["components"]["schemas"]
     assert components["PredictRequest"]["examples"] and components["PredictResponse"]["examples"]
     assert components["PredictRequest"]["properties"]["available_tools"]["maxItems"] == MAX_TOOLS
+
+
+def test_tool_specs_are_built_once_per_distinct_tool() -> None:
+    # Clients send their same tools with every state: the server normalises each schema once.
+    def tool(description: str = "Weather of a city", **extra: Any) -> ToolIn:
+        return ToolIn(name="get_weather", description=description, parameters={
+            "type": "dict", "properties": {"city": {"type": "str"}}, "required": ["city"], **extra})
+
+    first, again = tool_specs([tool(), "FINISH"]), tool_specs([tool()])
+    assert first[0] is again[0] and first[0] == as_tool_spec(tool().model_dump())
+    assert first[0].parameters["type"] == "object" and first[1].name == FINISH
+    other = tool_specs([tool(description="Weather")])[0]
+    assert other is not first[0] and other.description == "Weather"
+    assert tool_specs([tool(additionalProperties=False)])[0].parameters["additionalProperties"] is False
+    huge = tool(examples=["x" * 20_000])  # not kept: whatever clients send, the kept specs stay small
+    assert tool_specs([huge])[0] is not tool_specs([huge])[0]
+    assert tool_specs([huge])[0] == as_tool_spec(huge.model_dump())
