@@ -29,7 +29,7 @@ from evoharness_agent.evaluation.offline import evaluate_offline
 from evoharness_agent.evaluation.reports import print_report
 from evoharness_agent.learning.config import TrainConfig, load_config
 from evoharness_agent.learning.trainer import train_on_episodes
-from evoharness_agent.logs.bundled import DOMAINS, all_domain_episodes
+from evoharness_agent.logs.bundled import DOMAIN_SIBLINGS, DOMAINS, all_domain_episodes
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import Episode
 
@@ -38,16 +38,13 @@ console = Console()
 RECIPE = Path(__file__).resolve().parent.parent / "scripts" / "default_policy.yaml"
 """The shipped default's training config (``scripts/train_default.py``)."""
 
-SIBLINGS = {"tau_retail": {"tau2_retail"}, "tau2_retail": {"tau_retail"},
-            "tau_airline": {"tau2_airline"}, "tau2_airline": {"tau_airline"}}
-"""Domains that share users, orders or scenarios: leaving one out leaves its sibling out too."""
 REPORTED = ("bfcl", "tau_retail", "tau2_airline", "metatool")
 VALIDATION = ("stabletoolbench", "bfcl_single")
 
 
 def training_domains(left_out: str) -> list[str]:
     """Return the domains a policy for ``left_out`` may train on."""
-    return [d for d in DOMAINS if d != left_out and d not in SIBLINGS.get(left_out, set())]
+    return [d for d in DOMAINS if d != left_out and d not in DOMAIN_SIBLINGS.get(left_out, set())]
 
 
 def config_for(args: argparse.Namespace) -> TrainConfig:
@@ -58,6 +55,9 @@ def config_for(args: argparse.Namespace) -> TrainConfig:
         key, _, value = item.partition("=")
         section, _, name = key.partition(".")
         overrides.setdefault(section, {})[name] = yaml.safe_load(value)
+    # The temperature from the validation split, as before the recipe cross-fitted the shipped default's
+    # by domain: that would cost each run five more trainings (``--set training.calibration_folds=domain``).
+    overrides["training"].setdefault("calibration_folds", 0)
     config = load_config(RECIPE, overrides)
     # The left-out runs train on explicit domain lists, not on the bundled set the recipe names.
     return config.model_copy(update={"data": config.data.model_copy(update={"bundled": None})})

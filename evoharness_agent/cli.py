@@ -121,9 +121,10 @@ def train(
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
     skip_invalid: Annotated[bool, typer.Option(help="Skip bad log lines (and report them).")] = False,
     default_reward: Annotated[float | None, typer.Option(help="Reward of episodes that have none.")] = None,
-    calibration_folds: Annotated[int | None, typer.Option(
+    calibration_folds: Annotated[str | None, typer.Option(
         help="Fit the confidence temperature on K out-of-fold models' decisions too (K more trainings; for "
-             "logs of a few tasks, where the validation split is a task or two). 0: the validation split alone.")
+             "logs of a few tasks, where the validation split is a task or two). 'domain': one model without "
+             "each domain of the logs, for a policy meant for new tools. 0: the validation split alone.")
     ] = None,
     nproc_per_node: Annotated[int, typer.Option(
         min=1, help="Data-parallel processes on this machine (gloo on CPU, nccl on GPU); the batch size is the "
@@ -242,10 +243,10 @@ def evaluate(
     print_report(report, f"{policy}", console)
     fit = loaded_policy.meta.get("calibration") or {}
     if fit.get("n_decisions"):
-        held_out = fit.get("n_out_of_fold")
+        held_out, unseen = fit.get("n_out_of_fold"), fit.get("out_of_fold_by", "task")
         folds = f" ({held_out} out of fold, the rest its validation split)" if held_out else " (its validation split)"
         console.print(f"its temperature {loaded_policy.temperature:.3f} was fit on {fit['n_decisions']} decisions, "
-                      f"each scored by a model that had not trained on its task{folds}", highlight=False)
+                      f"each scored by a model that had not trained on its {unseen}{folds}", highlight=False)
     if json_out:
         report.write_json(json_out)
         console.print(f"metrics written to {json_out}")
@@ -455,8 +456,10 @@ def export(
                       f"{reference.temperature:.3f} -> {calibration['temperature']:.3f} (ECE "
                       f"{calibration['ece_before']:.3f} -> {calibration['ece_after']:.3f})", highlight=False)
     elif int8:
-        console.print("[yellow]the temperature stays the torch fp32 one: give --calibration-data to fit it on the "
-                      "INT8 encoder's scores[/]")
+        why = (" (it was cross-fitted, and its validation split alone would undo that)"
+               if (reference.meta.get("calibration") or {}).get("n_out_of_fold") else "")
+        console.print(f"[yellow]the temperature stays the torch fp32 one{why}: give --calibration-data to fit it on "
+                      "the INT8 encoder's scores[/]")
     parity = backend_parity(reference, ToolPolicy.load(out, backend="onnx", threads=threads), episodes)
     source = [str(path) for path in data] if data else "bundled BFCL base, held-out scenarios"
     record_parity(out, {**parity.as_dict(), "data": source})
@@ -469,12 +472,16 @@ def export(
 
 
 def _calibration_episodes(meta: dict[str, Any], paths: Sequence[Path] | None, log_format: str) -> list:
-    """Return the episodes an INT8 export fits its temperature on: ``paths``, else the policy's validation split."""
+    """Return the episodes an INT8 export fits its temperature on: ``paths``, else the policy's validation split.
+
+    Not the validation split of a policy whose temperature was cross-fitted: fit on it alone, the
+    shipped default's (cross-fitted by domain, for new tools) would be an in-domain one again.
+    """
     if paths:
         return _load(paths, log_format, False)
     config = meta.get("config") or {}
     bundled = (config.get("data") or {}).get("bundled")
-    if bundled is None:
+    if bundled is None or (meta.get("calibration") or {}).get("n_out_of_fold"):
         return []
     from evoharness_agent.learning.config import TrainConfig
     from evoharness_agent.learning.trainer import validation_episodes

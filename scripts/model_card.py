@@ -97,9 +97,11 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path)
                      "`answer_leaves_part`, `answer_skips_action`, `answer_skips_retry`, `repeats_retry`, "
                      "`tower_ranking_narrowed`).")
     hardware = train.get("hardware", {})
+    folds = ("; the policy, then the models its temperature is cross-fitted with (`training.calibration_folds`)"
+             if train.get("n_out_of_fold") else "")
     lines.append(f"- Training time: {train.get('seconds', 0):.0f} s on {hardware.get('device', '?')} "
                  f"({hardware.get('cpu_count', '?')} CPU cores, torch {hardware.get('torch', '?')}; wall time, "
-                 "other jobs may have shared the machine).")
+                 f"other jobs may have shared the machine{folds}).")
     return lines
 
 
@@ -114,7 +116,13 @@ def _calibration(meta: dict[str, Any]) -> list[str]:
     lines = ["", "## Confidence", ""]
     if not calibration:
         return [*lines, "Not calibrated (the policy has no `calibration` metadata)."]
-    lines.append("Temperature scaling fit on the validation episodes when training ended:")
+    held_out, unseen = calibration.get("n_out_of_fold"), calibration.get("out_of_fold_by", "task")
+    if held_out:
+        lines.append(f"Temperature scaling fit when training ended on {held_out:,} decisions each scored by a model "
+                     f"trained without its {unseen} (`training.calibration_folds`), plus the validation episodes "
+                     f"(alone they give {calibration.get('temperature_validation', float('nan')):.3f}):")
+    else:
+        lines.append("Temperature scaling fit on the validation episodes when training ended:")
     lines.append("")
     lines.append("| temperature | decisions | ECE before | ECE after | coverage at 95% accuracy |")
     lines.append("|---|---|---|---|---|")
@@ -184,8 +192,8 @@ def _fine_tune(fine_tune: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _zero_shot(zero_shot: dict[str, Any] | None) -> list[str]:
-    """Return the zero-shot suite table."""
+def _zero_shot(zero_shot: dict[str, Any] | None, meta: dict[str, Any]) -> list[str]:
+    """Return the zero-shot suite table (``meta``: the policy's, for how its temperature was fit)."""
     lines = ["", "## Zero-shot agent suite", ""]
     if zero_shot is None:
         return [*lines, "Not measured (run `benchmarks/zero_shot.py --json`)."]
@@ -202,6 +210,10 @@ def _zero_shot(zero_shot: dict[str, Any] | None) -> list[str]:
         tool = overall.get("tool_accuracy")  # absent from JSON written before it was measured
         lines.append(f"| {name} | {overall['step_accuracy']:.3f} | {'not measured' if tool is None else f'{tool:.3f}'} "
                      f"| {overall['task_exact']:.3f} | {overall['repeat_rate']:.3f} |")
+    fit_on = ("Its temperature was fit on decisions about domains their scorer never saw, plus the training "
+              "domains' validation split (`training.calibration_folds: domain`)."
+              if (meta.get("calibration") or {}).get("out_of_fold_by") == "domain"
+              else "Its temperature was fit on the training domains' validation split.")
     for name, report in zero_shot["reports"].items():
         calibration = report.get("calibration")  # absent from JSON written before it was measured
         if calibration:
@@ -209,8 +221,7 @@ def _zero_shot(zero_shot: dict[str, Any] | None) -> list[str]:
             lean = "more sure than right" if confidence > accuracy else "no more sure than right"
             lines += ["", f"The {name}'s reported probability of its top choice on these new tools: {confidence:.3f} "
                       f"on average against {accuracy:.3f} right ({lean}), ECE {calibration['ece']:.3f}, coverage at "
-                      f"95% accuracy {calibration['coverage_at_95']:.3f}. Its temperature was fit on the training "
-                      "domains' validation split."]
+                      f"95% accuracy {calibration['coverage_at_95']:.3f}. {fit_on}"]
     return lines
 
 
@@ -230,7 +241,7 @@ def main() -> None:
     lines += _training(meta, _load(args.train), args.policy / "policy.safetensors")
     lines += _calibration(meta)
     lines += _transfer(_load(args.transfer))
-    lines += _zero_shot(_load(args.zero_shot))
+    lines += _zero_shot(_load(args.zero_shot), meta)
     lines += _fine_tune(_load(args.fine_tune))
     (args.policy / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.policy / 'MODEL_CARD.md'}")

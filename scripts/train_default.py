@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from evoharness_agent.learning.config import load_config
+from evoharness_agent.learning.cross_fit import CROSS_FIT_DIR
 from evoharness_agent.learning.trainer import train_on_episodes
 from evoharness_agent.logs.bundled import training_set
 
@@ -51,7 +52,7 @@ def main() -> None:
     result = train_on_episodes(episodes, config, args.out)
     seconds = time.perf_counter() - start
     # The shipped directory keeps the policy only: checkpoints are for resuming a run.
-    for leftover in ("checkpoint", "checkpoint.previous", "train_log.json"):
+    for leftover in ("checkpoint", "checkpoint.previous", "train_log.json", CROSS_FIT_DIR):
         target = args.out / leftover
         if target.is_dir():
             shutil.rmtree(target)

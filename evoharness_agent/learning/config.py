@@ -23,7 +23,7 @@ Example (every key optional; command-line flags override the file)::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -167,16 +167,20 @@ class TrainingSection(_Section):
     """Steps between atomic checkpoints (``--resume`` continues from the last)."""
     bf16: bool = True
     """bf16 autocast for updates where bf16 is native (GPUs; CPUs with AVX512-BF16 or AMX)."""
-    calibration_folds: int = Field(default=0, ge=0)
+    calibration_folds: int | Literal["domain"] = 0
     """0: the calibration temperature is fit on the validation split alone. K >= 2: K more models are
     trained, each without one K-th of the training tasks, and the temperature is fit on every training
     decision scored by the model that did not see its task, plus the validation split (K more trainings;
-    for a few tasks of logs, where the validation split is a task or two: see
-    :mod:`~evoharness_agent.learning.cross_fit`)."""
+    for a few tasks of logs, where the validation split is a task or two). ``domain``: one more model per
+    domain of the logs (episode metadata ``domain``; siblings sharing users go together), each without
+    that domain, so the temperature is fit on decisions about tools their scorer never saw: for a policy
+    meant for new users' tools (see :mod:`~evoharness_agent.learning.cross_fit`)."""
 
     @field_validator("calibration_folds")
     @classmethod
-    def _folds(cls, folds: int) -> int:
+    def _folds(cls, folds: int | str) -> int | str:
+        if isinstance(folds, int) and folds < 0:
+            raise ValueError("folds must be 0, 2 or more, or 'domain'")
         if folds == 1:
             raise ValueError("1 fold cannot hold a task out: use 0 (the validation split alone) or 2 or more")
         return folds

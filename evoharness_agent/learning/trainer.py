@@ -41,13 +41,13 @@ from evoharness_agent.learning.cross_fit import cross_fitted_decisions
 from evoharness_agent.learning.distributed import Context, launch, start
 from evoharness_agent.learning.networks import DECISION_RULE
 from evoharness_agent.learning.precision import training_autocast
-from evoharness_agent.logs.bundled import training_set
+from evoharness_agent.logs.bundled import domain_group, training_set
 from evoharness_agent.logs.importers import load_episodes
 from evoharness_agent.runtime import atomic_write_bytes, pick_device
 from evoharness_agent.schema import Episode
 
-__all__ = ["DATASET_DIR", "TrainResult", "as_trained", "set_threads", "split_episodes", "task_folds", "task_group",
-           "train", "train_on_episodes", "validation_episodes"]
+__all__ = ["DATASET_DIR", "TrainResult", "as_trained", "calibration_fold_ids", "domain_folds", "set_threads",
+           "split_episodes", "task_folds", "task_group", "train", "train_on_episodes", "validation_episodes"]
 
 DATASET_DIR = "dataset"
 """The folder of a run's output directory that holds its memory-mapped embedding table (``data.mmap_embeddings``)."""
@@ -109,7 +109,31 @@ def task_folds(episodes: Sequence[Episode], ids: Sequence[int], folds: int, seed
     return [sorted(i for members in order[k::folds] for i in members) for k in range(folds)]
 
 
-def _check_folds(folds: int, world_size: int) -> None:
+def domain_folds(episodes: Sequence[Episode], ids: Sequence[int]) -> list[list[int]]:
+    """Deal the episodes ``ids`` into one fold per domain (metadata ``domain``; siblings together).
+
+    Raises:
+        ValueError: the episodes come from fewer than two domains (a fold would hold every one out).
+
+    """
+    groups: dict[str, list[int]] = {}
+    for position in ids:
+        groups.setdefault(domain_group(str(episodes[position].metadata.get("domain", ""))), []).append(position)
+    if len(groups) < 2:
+        raise ValueError(f"training.calibration_folds is 'domain', but the training split has "
+                         f"{len(groups)} domain(s) (episode metadata 'domain'): use a number of folds, or 0")
+    return [groups[name] for name in sorted(groups)]
+
+
+def calibration_fold_ids(episodes: Sequence[Episode], ids: Sequence[int], folds: int | str,
+                         seed: int) -> list[list[int]]:
+    """Return the cross-fitting folds ``training.calibration_folds`` asks for: none, K of tasks, or domains."""
+    if folds == "domain":
+        return domain_folds(episodes, ids)
+    return task_folds(episodes, ids, int(folds), seed) if folds else []
+
+
+def _check_folds(folds: int | str, world_size: int) -> None:
     """Refuse cross-fitting in a data-parallel run (its folds would train on one rank while the others wait)."""
     if folds and world_size > 1:
         raise ValueError(f"training.calibration_folds is {folds}, but this run has {world_size} data-parallel "
@@ -241,7 +265,7 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     train_ids, val_ids = split_episodes(episodes, config.data.val_fraction, config.training.seed)
     folds = config.training.calibration_folds  # checked before the embedding work: too many folds is an error
     _check_folds(folds, context.world_size)
-    fold_ids = task_folds(episodes, train_ids, folds, config.training.seed) if folds else []
+    fold_ids = calibration_fold_ids(episodes, train_ids, folds, config.training.seed)
     part = context.shard(config.training.batch_size) if context.world_size > 1 else None
 
     def build(mmap_shared: bool) -> TransitionDataset:
@@ -344,6 +368,8 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
                                                  config.training, out, device, resume=resume,
                                                  show_progress=show_progress)
         calibration = fit_calibration(algorithm, dataset, val_index, out_of_fold)  # T for ToolPolicy's probabilities
+        if out_of_fold is not None:  # what each out-of-fold decision's scorer had not seen
+            calibration["out_of_fold_by"] = "domain" if folds == "domain" else "task"
         result.update(n_calibration_decisions=calibration["n_decisions"],
                       n_out_of_fold=calibration.get("n_out_of_fold", 0))
         save_policy(out, algorithm, {**meta, "metrics": dict(result), "calibration": calibration})

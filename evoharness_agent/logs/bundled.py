@@ -16,11 +16,13 @@ __all__ = [
     "BFCL_VARIANTS",
     "DATA_DIR",
     "DOMAINS",
+    "DOMAIN_SIBLINGS",
     "METATOOL_SUBSETS",
     "TRAINING_SETS",
     "all_domain_episodes",
     "bfcl_paths",
     "bfcl_scenario_number",
+    "domain_group",
     "bfcl_single_path",
     "data_dir",
     "default_training_split",
@@ -48,6 +50,15 @@ METATOOL_SUBSETS = ("single_tool", "multi_tool", "reliability", "awareness")
 DOMAINS = ("bfcl", "bfcl_single", "metatool", "stabletoolbench", "tau_retail", "tau_airline",
            "tau2_retail", "tau2_airline")
 """The bundled domains, for leave-one-domain-out training (see ``domain_episodes``)."""
+
+DOMAIN_SIBLINGS = {"tau_retail": {"tau2_retail"}, "tau2_retail": {"tau_retail"},
+                   "tau_airline": {"tau2_airline"}, "tau2_airline": {"tau_airline"}}
+"""Domains that share users, orders or scenarios: leaving one out leaves its sibling out too."""
+
+
+def domain_group(domain: str) -> str:
+    """Return the name of the group of ``domain`` and its siblings (:data:`DOMAIN_SIBLINGS`): the first, sorted."""
+    return min({domain, *DOMAIN_SIBLINGS.get(domain, set())})
 
 
 def data_dir() -> Path:

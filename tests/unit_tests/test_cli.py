@@ -187,3 +187,10 @@ def test_cli_starts_without_torch() -> None:
     code = "import sys, evoharness_agent.cli; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_int8_export_keeps_a_cross_fitted_temperature() -> None:
+    # Refit on the validation split alone, the default's temperature (cross-fitted by domain) would be an in-domain one.
+    bundled = {"config": {"data": {"bundled": "default"}}}
+    assert cli._calibration_episodes({**bundled, "calibration": {"n_out_of_fold": 25_770}}, None, "auto") == []
+    assert cli._calibration_episodes({"config": {"data": {}}}, None, "auto") == []

@@ -28,3 +28,17 @@ def test_fine_tune_table_has_both_starts_and_marks_runs_without_calibration() ->
     assert "| tau2_retail | 10 | default | 0.700 | 0.800 | 0.620 | 0.200 | 0.040 | 0.200 |" in lines
     assert "| tau2_retail | 10 | scratch | 0.600 | 0.800 | 0.620 | not measured | not measured | 0.200 |" in lines
     assert model_card._fine_tune(None)[-1] == "Not measured (run `benchmarks/fine_tune.py --json`)."
+
+
+def test_confidence_says_what_the_temperature_was_fit_on() -> None:
+    fit = {"temperature": 0.9, "n_decisions": 1200, "ece_before": 0.2, "ece_after": 0.04, "coverage_at_95": 0.3}
+    assert "fit on the validation episodes" in model_card._calibration({"calibration": fit})[3]
+    by_domain = {**fit, "n_out_of_fold": 1000, "out_of_fold_by": "domain", "temperature_validation": 0.675}
+    assert ("on 1,000 decisions each scored by a model trained without its domain (`training.calibration_folds`), "
+            "plus the validation episodes (alone they give 0.675)") in model_card._calibration(
+                {"calibration": by_domain})[3]
+    suite = {"suite": {"toolsets": ["a"], "n_tasks": 2, "n_decisions": 5}, "reports": {"policy": {
+        "overall": {"step_accuracy": 0.6, "tool_accuracy": 0.7, "task_exact": 0.5, "repeat_rate": 0.0},
+        "calibration": _calibration(0.1, 0.0)}}}
+    assert "domains their scorer never saw" in model_card._zero_shot(suite, {"calibration": by_domain})[-1]
+    assert "validation split." in model_card._zero_shot(suite, {"calibration": fit})[-1]

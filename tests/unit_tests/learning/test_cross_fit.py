@@ -13,7 +13,13 @@ from evoharness_agent.learning.algorithms.base import ScoredDecisions
 from evoharness_agent.learning.calibration import fit_temperature
 from evoharness_agent.learning.config import load_config
 from evoharness_agent.learning.cross_fit import CROSS_FIT_DIR
-from evoharness_agent.learning.trainer import split_episodes, task_folds, task_group, train_on_episodes
+from evoharness_agent.learning.trainer import (
+    domain_folds,
+    split_episodes,
+    task_folds,
+    task_group,
+    train_on_episodes,
+)
 from evoharness_agent.policy import ToolPolicy
 from tests.kit.synthetic_logs import synthetic_episodes
 from tests.unit_tests.learning.test_calibration import _val_decisions
@@ -21,7 +27,7 @@ from tests.unit_tests.learning.test_calibration import _val_decisions
 EPISODES = synthetic_episodes(12)
 
 
-def _config(folds: int):
+def _config(folds: int | str):
     """The tiny CPU run of test_calibration, with ``folds`` cross-fitting folds."""
     return load_config(None, {
         "training": {"steps": 40, "batch_size": 16, "device": "cpu", "threads": 1, "checkpoint_every": 40,
@@ -47,9 +53,41 @@ def test_task_folds_hold_whole_tasks_out() -> None:
         task_folds(episodes, ids, 7, seed=0)
 
 
+def _in_domains(domains: list[str]) -> list:
+    """EPISODES, each in the domain at its position (cycling through ``domains``)."""
+    return [ep.model_copy(update={"metadata": {**ep.metadata, "domain": domains[i % len(domains)]}})
+            for i, ep in enumerate(EPISODES)]
+
+
+def test_domain_folds_hold_whole_domains_out_with_their_siblings() -> None:
+    episodes = _in_domains(["bfcl", "tau_retail", "tau2_retail", "metatool"])
+    ids = list(range(len(episodes)))
+    folds = domain_folds(episodes, ids)
+    assert sorted(i for fold in folds for i in fold) == ids and len(folds) == 3
+    in_fold = [{episodes[i].metadata["domain"] for i in fold} for fold in folds]
+    assert {"tau_retail", "tau2_retail"} in in_fold  # they share users: never scored by a model that saw the other
+    with pytest.raises(ValueError, match="calibration_folds is 'domain', but the training split has 1 domain"):
+        domain_folds(_in_domains(["bfcl"]), ids)
+
+
+def test_domain_folds_fit_the_temperature_on_decisions_about_unseen_domains(
+        tmp_path: Path, encoder: StateEncoder) -> None:
+    episodes = _in_domains(["bfcl", "metatool"])
+    result = train_on_episodes(episodes, _config("domain"), tmp_path, encoder=encoder, show_progress=False)
+    meta = json.loads((tmp_path / "policy.json").read_text())["calibration"]
+    assert sorted(p.name for p in (tmp_path / CROSS_FIT_DIR).glob("fold_*.pt")) == ["fold_0.pt", "fold_1.pt"]
+    _, val_ids = split_episodes(episodes, 0.25, 3)
+    assert meta["n_out_of_fold"] == result["n_out_of_fold"] > 0
+    assert meta["n_decisions"] == meta["n_out_of_fold"] + sum(
+        sum(step.is_decision for step in episodes[i].steps) for i in val_ids)
+
+
 def test_one_fold_is_refused() -> None:
     with pytest.raises(ValueError, match="1 fold cannot hold a task out"):
         _config(1)
+    with pytest.raises(ValueError, match="folds must be 0, 2 or more, or 'domain'"):
+        _config(-2)
+    assert _config("domain").training.calibration_folds == "domain" and _config("4").training.calibration_folds == 4
 
 
 def test_scored_decisions_concat_pads_the_narrower_parts() -> None:
