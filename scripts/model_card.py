@@ -210,10 +210,13 @@ def _zero_shot(zero_shot: dict[str, Any] | None, meta: dict[str, Any]) -> list[s
         tool = overall.get("tool_accuracy")  # absent from JSON written before it was measured
         lines.append(f"| {name} | {overall['step_accuracy']:.3f} | {'not measured' if tool is None else f'{tool:.3f}'} "
                      f"| {overall['task_exact']:.3f} | {overall['repeat_rate']:.3f} |")
-    fit_on = ("Its temperature was fit on decisions about domains their scorer never saw, plus the training "
-              "domains' validation split (`training.calibration_folds: domain`)."
-              if (meta.get("calibration") or {}).get("out_of_fold_by") == "domain"
-              else "Its temperature was fit on the training domains' validation split.")
+    fit = meta.get("calibration") or {}
+    unseen = fit.get("out_of_fold_by", "task") if fit.get("n_out_of_fold") else None
+    fit_on = {"domain": "Its temperature was fit on decisions about domains their scorer never saw, plus the "
+                        "training domains' validation split (`training.calibration_folds: domain`).",
+              "task": "Its temperature was fit on training decisions each scored by a model that had not trained "
+                      "on its task, plus the training domains' validation split (`training.calibration_folds`).",
+              }.get(unseen or "", "Its temperature was fit on the training domains' validation split.")
     for name, report in zero_shot["reports"].items():
         calibration = report.get("calibration")  # absent from JSON written before it was measured
         if calibration:

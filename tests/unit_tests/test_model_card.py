@@ -42,3 +42,5 @@ def test_confidence_says_what_the_temperature_was_fit_on() -> None:
         "calibration": _calibration(0.1, 0.0)}}}
     assert "domains their scorer never saw" in model_card._zero_shot(suite, {"calibration": by_domain})[-1]
     assert "validation split." in model_card._zero_shot(suite, {"calibration": fit})[-1]
+    by_task = {**fit, "n_out_of_fold": 900, "out_of_fold_by": "task"}
+    assert "had not trained on its task" in model_card._zero_shot(suite, {"calibration": by_task})[-1]
