@@ -11,6 +11,8 @@ decisions, the calibration on the held-out tasks (expected calibration error and
 95% accuracy of the reported probability). The temperature is cross-fitted
 (``training.calibration_folds``, 5 folds: every training task scored out of fold, plus the
 validation split); the ECE the validation split's temperature alone gives is reported beside it.
+The JSON records which policy the runs started from (``start``: its weights' sha256), so the
+model card can tell when the default has changed since.
 
 Usage: python benchmarks/fine_tune.py [--domains tau2_retail,bfcl] [--sizes 10,25,50,all]
        [--steps 1500] [--calibration-folds 5] [--init default] [--json runs/fine_tune.json]
@@ -30,6 +32,7 @@ from rich.table import Table
 
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.evaluation.offline import evaluate_offline
+from evoharness_agent.learning.checkpoints import weights_sha256
 from evoharness_agent.learning.config import TrainConfig
 from evoharness_agent.learning.trainer import task_group, train_on_episodes
 from evoharness_agent.logs.bundled import domain_episodes, split_bfcl, tau2_retail_split
@@ -167,7 +170,8 @@ def main() -> None:
         console.print(calibration)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
+        start = {"policy": str(args.init), "weights_sha256": weights_sha256(args.init)}
+        args.json.write_text(json.dumps({"start": start, "domains": results}, indent=2))
     if args.plot:
         plot(results, args.plot)
 

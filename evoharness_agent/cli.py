@@ -151,10 +151,10 @@ def train(
     console.print(f"policy written to [bold]{out}[/]  ({result['n_transitions']} transitions, "
                   f"{result['n_encoded']} texts encoded, the rest from cache)")
     console.print({k: round(v, 4) for k, v in result.items() if isinstance(v, float)})
-    from evoharness_agent.learning.calibration import FEW_DECISIONS
+    from evoharness_agent.learning.calibration import FEW_DECISIONS, cross_fitted
 
     fit_on = result.get("n_calibration_decisions", 0)
-    if 0 < fit_on < FEW_DECISIONS and not result.get("n_out_of_fold"):
+    if 0 < fit_on < FEW_DECISIONS and not cross_fitted(result):
         console.print(f"[yellow]the confidence temperature was fit on {fit_on} validation decisions "
                       "only: with logs of a few tasks, --calibration-folds 5 fits it on every training decision "
                       "too, scored out of fold (5 more trainings)[/]")
@@ -434,6 +434,7 @@ def export(
     try:
         from evoharness_agent.evaluation.parity import backend_calibration, backend_parity
         from evoharness_agent.inference.onnx_export import export_policy, record_calibration, record_parity
+        from evoharness_agent.learning.calibration import cross_fitted
         from evoharness_agent.policy import ToolPolicy
     except ImportError as error:
         raise _fail(f"{error}: export needs the onnx extra: pip install 'evoharness-agent[onnx]'") from error
@@ -457,7 +458,7 @@ def export(
                       f"{calibration['ece_before']:.3f} -> {calibration['ece_after']:.3f})", highlight=False)
     elif int8:
         why = (" (it was cross-fitted, and its validation split alone would undo that)"
-               if (reference.meta.get("calibration") or {}).get("n_out_of_fold") else "")
+               if cross_fitted(reference.meta.get("calibration")) else "")
         console.print(f"[yellow]the temperature stays the torch fp32 one{why}: give --calibration-data to fit it on "
                       "the INT8 encoder's scores[/]")
     parity = backend_parity(reference, ToolPolicy.load(out, backend="onnx", threads=threads), episodes)
@@ -479,9 +480,11 @@ def _calibration_episodes(meta: dict[str, Any], paths: Sequence[Path] | None, lo
     """
     if paths:
         return _load(paths, log_format, False)
+    from evoharness_agent.learning.calibration import cross_fitted
+
     config = meta.get("config") or {}
     bundled = (config.get("data") or {}).get("bundled")
-    if bundled is None or (meta.get("calibration") or {}).get("n_out_of_fold"):
+    if bundled is None or cross_fitted(meta.get("calibration")):
         return []
     from evoharness_agent.learning.config import TrainConfig
     from evoharness_agent.learning.trainer import validation_episodes

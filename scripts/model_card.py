@@ -24,6 +24,8 @@ from typing import Any
 from safetensors import safe_open
 
 from evoharness_agent.encoding.embedder import model_path
+from evoharness_agent.learning.calibration import cross_fitted
+from evoharness_agent.learning.checkpoints import weights_sha256
 
 
 def _load(path: Path | None) -> dict[str, Any] | None:
@@ -98,7 +100,7 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path)
                      "`tower_ranking_narrowed`).")
     hardware = train.get("hardware", {})
     folds = ("; the policy, then the models its temperature is cross-fitted with (`training.calibration_folds`)"
-             if train.get("n_out_of_fold") else "")
+             if cross_fitted(train) else "")
     lines.append(f"- Training time: {train.get('seconds', 0):.0f} s on {hardware.get('device', '?')} "
                  f"({hardware.get('cpu_count', '?')} CPU cores, torch {hardware.get('torch', '?')}; wall time, "
                  f"other jobs may have shared the machine{folds}).")
@@ -149,8 +151,12 @@ def _transfer(transfer: dict[str, Any] | None) -> list[str]:
         lines.append(f"| {domain} | {result['n_decisions']} | {policy:.3f} | {similarity:.3f} | "
                      f"{policy - similarity:+.3f} | {metrics['bigram']['top1']:.3f} | "
                      f"{result['finish_accuracy']:.3f} |")
+    folds = ((transfer.get("config") or {}).get("training") or {}).get("calibration_folds", 0)
+    fit_on = ("on decisions about the other training domains, each scored by a model trained without it, plus "
+              "the training domains' validation episodes (`training.calibration_folds: domain`, as the default's)"
+              if folds == "domain" else "on the training domains' validation episodes")
     lines += ["", "Calibration on the left-out domain: every live decision (FINISH among the candidates), "
-              "with the temperature fit on the training domains' validation episodes.", "",
+              f"with the temperature fit {fit_on}.", "",
               "| left out | live decisions | accuracy | mean confidence | ECE | coverage at 95% accuracy |",
               "|---|---|---|---|---|---|"]
     lines += [_calibration_row(domain, result["calibration"]) for domain, result in transfer["results"].items()]
@@ -163,8 +169,8 @@ def _calibration_row(label: str, calibration: dict[str, Any]) -> str:
             f"{calibration['mean_confidence']:.3f} | {calibration['ece']:.3f} | {calibration['coverage_at_95']:.3f} |")
 
 
-def _fine_tune(fine_tune: dict[str, Any] | None) -> list[str]:
-    """Return the fine-tuning table: from scratch vs from the default, on the held-out tasks."""
+def _fine_tune(fine_tune: dict[str, Any] | None, shipped_sha256: str) -> list[str]:
+    """Return the fine-tuning table: from scratch vs from the default (``shipped_sha256``: its weights'), held out."""
     lines = ["", "## Fine-tuning: from the default vs from scratch", ""]
     if fine_tune is None:
         return [*lines, "Not measured (run `benchmarks/fine_tune.py --json`)."]
@@ -174,19 +180,27 @@ def _fine_tune(fine_tune: dict[str, Any] | None) -> list[str]:
                  "The temperature is cross-fitted (`training.calibration_folds`: every training task scored by a "
                  "model that did not train on it, plus the validation split); the validation split's temperature "
                  "alone gives the ECE in brackets.")
+    start = fine_tune.get("start")
+    if start is None:  # JSON written before benchmarks/fine_tune.py recorded the policy it started from
+        lines += ["", "The default these runs started from is not recorded: it may be an earlier one than this "
+                      "card's (rerun `benchmarks/fine_tune.py --json`)."]
+    elif start["weights_sha256"] != shipped_sha256:
+        lines += ["", f"These runs started from an earlier default (weights sha256 {start['weights_sha256'][:12]}…; "
+                      f"this card's: {shipped_sha256[:12]}…): rerun `benchmarks/fine_tune.py --json` to measure "
+                      "this one."]
     lines.append("")
     lines.append("| domain | training tasks | start | top-1 | top-3 | live top-1 | ECE (validation T alone) | "
                  "coverage at 95% | embedding similarity |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
-    for domain, rows in fine_tune.items():
+    for domain, rows in (fine_tune["domains"] if start is not None else fine_tune).items():
         for row in rows:
-            for start in ("scratch", "default"):
-                result = row[start]
+            for kind in ("scratch", "default"):
+                result = row[kind]
                 ece = f"{result['ece']:.3f}" if "ece" in result else "not measured"
                 if "ece_validation_only" in result:
                     ece += f" ({result['ece_validation_only']:.3f})"
                 coverage = f"{result['coverage_at_95']:.3f}" if "coverage_at_95" in result else "not measured"
-                lines.append(f"| {domain} | {row['n_tasks']} | {start} | {result['top1']:.3f} | "
+                lines.append(f"| {domain} | {row['n_tasks']} | {kind} | {result['top1']:.3f} | "
                              f"{result['top3']:.3f} | {result['live_top1']:.3f} | {ece} | {coverage} | "
                              f"{result['embedding_similarity_top1']:.3f} |")
     return lines
@@ -211,7 +225,7 @@ def _zero_shot(zero_shot: dict[str, Any] | None, meta: dict[str, Any]) -> list[s
         lines.append(f"| {name} | {overall['step_accuracy']:.3f} | {'not measured' if tool is None else f'{tool:.3f}'} "
                      f"| {overall['task_exact']:.3f} | {overall['repeat_rate']:.3f} |")
     fit = meta.get("calibration") or {}
-    unseen = fit.get("out_of_fold_by", "task") if fit.get("n_out_of_fold") else None
+    unseen = fit.get("out_of_fold_by", "task") if cross_fitted(fit) else None
     fit_on = {"domain": "Its temperature was fit on decisions about domains their scorer never saw, plus the "
                         "training domains' validation split (`training.calibration_folds: domain`).",
               "task": "Its temperature was fit on training decisions each scored by a model that had not trained "
@@ -245,7 +259,7 @@ def main() -> None:
     lines += _calibration(meta)
     lines += _transfer(_load(args.transfer))
     lines += _zero_shot(_load(args.zero_shot), meta)
-    lines += _fine_tune(_load(args.fine_tune))
+    lines += _fine_tune(_load(args.fine_tune), weights_sha256(args.policy))
     (args.policy / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.policy / 'MODEL_CARD.md'}")
 

@@ -78,6 +78,7 @@ def compose_requests(episodes: Sequence[Episode], share: float, *, seed: int = 0
     metadata ``domain``) that called different tools, offers both tool lists, calls both tools
     in order and then answers: after the first call FINISH is wrong, because the request still
     asks for the second part. ``share`` of the one-call episodes (each used once) are paired.
+    Metadata ``parts`` names the two, so that a split by task keeps them with the composed request.
     """
     if share <= 0.0:
         return list(episodes)
@@ -97,5 +98,5 @@ def compose_requests(episodes: Sequence[Episode], share: float, *, seed: int = 0
                 id=f"{first.id}+{second.id}", task=f"{first.task.rstrip()} Then: {second.task.strip()}",
                 tools=list(tools.values()), steps=[first.steps[0], second.steps[0], second.steps[1]],
                 reward=second.reward if first.reward is None else first.reward,
-                metadata={"domain": domain, "composed": True}))
+                metadata={"domain": domain, "composed": True, "parts": [first.id, second.id]}))
     return [*episodes, *composed]

@@ -20,7 +20,7 @@ with ``training.calibration_folds``, every training decision scored out of fold)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ __all__ = [
     "calibration_entry",
     "calibration_report",
     "coverage_at_accuracy",
+    "cross_fitted",
     "expected_calibration_error",
     "fit_calibration",
     "fit_temperature",
@@ -206,6 +207,11 @@ def fit_calibration(algorithm: Algorithm, dataset: TransitionDataset, index: tor
         if validation is not None:  # what the validation split alone would have fit, for comparison
             entry["temperature_validation"] = fit_temperature(validation.scores, validation.actions, validation.masks)
     return entry
+
+
+def cross_fitted(calibration: Mapping[str, Any] | None) -> bool:
+    """Return whether a policy's "calibration" metadata (or a training result) says ``T`` was cross-fitted too."""
+    return bool((calibration or {}).get("n_out_of_fold"))
 
 
 def calibration_entry(scores: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor,

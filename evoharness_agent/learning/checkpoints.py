@@ -15,6 +15,7 @@ directory: a crash leaves the old version or the new one, never halves that disa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -57,6 +58,7 @@ __all__ = [
     "save_policy",
     "shipped_policy_dir",
     "unflatten_modules",
+    "weights_sha256",
 ]
 
 DEFAULT_POLICY = "default"
@@ -201,6 +203,12 @@ def resolve_policy_dir(path: str | Path) -> Path:
     if str(path) == DEFAULT_POLICY and not Path(path).is_dir():
         return shipped_policy_dir()
     return Path(path)
+
+
+def weights_sha256(path: str | Path) -> str:
+    """Return the sha256 of a policy folder's weights (``"default"``: the shipped one's): which policy it is."""
+    with _policy_file(resolve_policy_dir(path), POLICY_WEIGHTS).open("rb") as weights:
+        return hashlib.file_digest(weights, "sha256").hexdigest()
 
 
 def _policy_file(directory: Path, name: str) -> Path:

@@ -47,7 +47,8 @@ from evoharness_agent.runtime import atomic_write_bytes, pick_device
 from evoharness_agent.schema import Episode
 
 __all__ = ["DATASET_DIR", "TrainResult", "as_trained", "calibration_fold_ids", "domain_folds", "set_threads",
-           "split_episodes", "task_folds", "task_group", "train", "train_on_episodes", "validation_episodes"]
+           "split_episodes", "task_folds", "task_group", "task_groups", "train", "train_on_episodes",
+           "validation_episodes"]
 
 DATASET_DIR = "dataset"
 """The folder of a run's output directory that holds its memory-mapped embedding table (``data.mmap_embeddings``)."""
@@ -73,13 +74,43 @@ def task_group(episode: Episode, position: int) -> str:
     return f"#{position}"
 
 
+def task_groups(episodes: Sequence[Episode]) -> list[str]:
+    """Return each episode's task (:func:`task_group`), a composed request one task with its parts.
+
+    A request composed of logged ones (:func:`~evoharness_agent.learning.augment.compose_requests`,
+    metadata ``parts``: their ids) repeats their requests and calls: were it trained on while a
+    part is validated on (or the other way round), the validation split would hold decisions
+    the policy trained on, and fit an over-confident temperature.
+    """
+    own = [task_group(episode, position) for position, episode in enumerate(episodes)]
+    by_id = {episode.id: group for episode, group in zip(episodes, own, strict=True)}
+    linked: dict[str, str] = {}
+
+    def root(group: str) -> str:
+        while group in linked:
+            group = linked[group]
+        return group
+
+    for episode, group in zip(episodes, own, strict=True):
+        for part in episode.metadata.get("parts") or ():
+            if part in by_id and root(by_id[part]) != root(group):
+                linked[root(by_id[part])] = root(group)
+    return [root(group) for group in own]
+
+
+def _grouped(ids: Sequence[int], key: Callable[[int], str]) -> dict[str, list[int]]:
+    """Return the positions ``ids`` grouped by ``key(position)``, groups and members in first-seen order."""
+    groups: dict[str, list[int]] = {}
+    for position in ids:
+        groups.setdefault(key(position), []).append(position)
+    return groups
+
+
 def split_episodes(episodes: Sequence[Episode], val_fraction: float, seed: int) -> tuple[
         list[int], list[int]]:
-    """Split episode indices into train and validation by task (:func:`task_group`), reproducibly."""
-    groups: dict[str, list[int]] = {}
-    for position, episode in enumerate(episodes):
-        groups.setdefault(task_group(episode, position), []).append(position)
-    order = list(groups.values())
+    """Split episode indices into train and validation by task (:func:`task_groups`), reproducibly."""
+    tasks = task_groups(episodes)
+    order = list(_grouped(range(len(episodes)), tasks.__getitem__).values())
     random.Random(seed).shuffle(order)
     wanted = int(round(len(episodes) * val_fraction)) if len(order) > 1 else 0
     val: list[int] = []
@@ -92,15 +123,13 @@ def split_episodes(episodes: Sequence[Episode], val_fraction: float, seed: int) 
 
 
 def task_folds(episodes: Sequence[Episode], ids: Sequence[int], folds: int, seed: int) -> list[list[int]]:
-    """Deal the episodes ``ids`` into ``folds`` folds of whole tasks (:func:`task_group`), reproducibly.
+    """Deal the episodes ``ids`` into ``folds`` folds of whole tasks (:func:`task_groups`), reproducibly.
 
     Raises:
         ValueError: fewer tasks than folds (a fold would hold no task out).
 
     """
-    groups: dict[str, list[int]] = {}
-    for position in ids:
-        groups.setdefault(task_group(episodes[position], position), []).append(position)
+    groups = _grouped(ids, task_groups(episodes).__getitem__)
     if len(groups) < folds:
         raise ValueError(f"training.calibration_folds is {folds}, but the training split has {len(groups)} "
                          f"task(s): use at most {len(groups)} folds, or 0 (the validation split alone)")
@@ -116,9 +145,7 @@ def domain_folds(episodes: Sequence[Episode], ids: Sequence[int]) -> list[list[i
         ValueError: the episodes come from fewer than two domains (a fold would hold every one out).
 
     """
-    groups: dict[str, list[int]] = {}
-    for position in ids:
-        groups.setdefault(domain_group(str(episodes[position].metadata.get("domain", ""))), []).append(position)
+    groups = _grouped(ids, lambda position: domain_group(str(episodes[position].metadata.get("domain", ""))))
     if len(groups) < 2:
         raise ValueError(f"training.calibration_folds is 'domain', but the training split has "
                          f"{len(groups)} domain(s) (episode metadata 'domain'): use a number of folds, or 0")

@@ -18,16 +18,31 @@ def test_transfer_table_reports_each_left_out_domains_calibration() -> None:
     lines = model_card._transfer(transfer)
     assert "| bfcl | 30 | 0.410 | 0.380 | +0.030 | 0.060 | 0.670 |" in lines
     assert "| bfcl | 40 | 0.550 | 0.600 | 0.112 | 0.006 |" in lines
+    assert any("fit on the training domains' validation episodes." in line for line in lines)
+    by_domain = model_card._transfer({**transfer, "config": {"training": {"calibration_folds": "domain"}}})
+    assert any("each scored by a model trained without it" in line for line in by_domain)
 
 
 def test_fine_tune_table_has_both_starts_and_marks_runs_without_calibration() -> None:
     result = {"top1": 0.6, "top3": 0.8, "live_top1": 0.62, "embedding_similarity_top1": 0.2}
     fine_tune = {"tau2_retail": [{"n_tasks": 10, "scratch": result,
                                   "default": {**result, "top1": 0.7, "ece": 0.2, "coverage_at_95": 0.04}}]}
-    lines = model_card._fine_tune(fine_tune)
-    assert "| tau2_retail | 10 | default | 0.700 | 0.800 | 0.620 | 0.200 | 0.040 | 0.200 |" in lines
-    assert "| tau2_retail | 10 | scratch | 0.600 | 0.800 | 0.620 | not measured | not measured | 0.200 |" in lines
-    assert model_card._fine_tune(None)[-1] == "Not measured (run `benchmarks/fine_tune.py --json`)."
+    for document in (fine_tune, {"start": {"policy": "default", "weights_sha256": "ab" * 32}, "domains": fine_tune}):
+        lines = model_card._fine_tune(document, "ab" * 32)
+        assert "| tau2_retail | 10 | default | 0.700 | 0.800 | 0.620 | 0.200 | 0.040 | 0.200 |" in lines
+        assert "| tau2_retail | 10 | scratch | 0.600 | 0.800 | 0.620 | not measured | not measured | 0.200 |" in lines
+    assert model_card._fine_tune(None, "ab" * 32)[-1] == "Not measured (run `benchmarks/fine_tune.py --json`)."
+
+
+def test_fine_tune_table_says_when_it_started_from_another_default() -> None:
+    result = {"top1": 0.6, "top3": 0.8, "live_top1": 0.62, "embedding_similarity_top1": 0.2}
+    rows = {"bfcl": [{"n_tasks": 10, "scratch": result, "default": result}]}
+    recorded = {"start": {"policy": "default", "weights_sha256": "ab" * 32}, "domains": rows}
+    assert not any("earlier default" in line or "not recorded" in line
+                   for line in model_card._fine_tune(recorded, "ab" * 32))
+    assert any("started from an earlier default (weights sha256 abababababab" in line
+               for line in model_card._fine_tune(recorded, "cd" * 32))
+    assert any("not recorded" in line for line in model_card._fine_tune(rows, "cd" * 32))
 
 
 def test_confidence_says_what_the_temperature_was_fit_on() -> None:

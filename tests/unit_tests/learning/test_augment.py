@@ -49,6 +49,7 @@ def test_composed_requests_ask_both_parts_and_call_both_tools() -> None:
     for episode in new:
         first, second = (logs[int(part[1:])] for part in episode.id.split("+"))
         assert episode.task == f"{first.task} Then: {second.task}"
+        assert episode.metadata["parts"] == [first.id, second.id]  # a split by task keeps them together
         assert [step.tool for step in episode.steps[:2]] == [first.steps[0].tool, second.steps[0].tool]
         assert {tool.name for tool in episode.tools} == {first.steps[0].tool, second.steps[0].tool}
         # after the first call the request still asks for the second: FINISH comes only at the end

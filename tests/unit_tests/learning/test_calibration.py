@@ -16,6 +16,7 @@ from evoharness_agent.learning.calibration import (
     accuracy_coverage_curve,
     calibration_report,
     coverage_at_accuracy,
+    cross_fitted,
     expected_calibration_error,
     fit_temperature,
     softmax_with_temperature,
@@ -86,6 +87,13 @@ def test_softmax_with_temperature() -> None:
     p = softmax_with_temperature(scores, 2.0)
     np.testing.assert_allclose(p[0], [np.e / (np.e + 1), 1 / (np.e + 1), 0.0])
     np.testing.assert_allclose(p[1], [1 / 3] * 3)
+
+
+def test_cross_fitted_reads_whether_out_of_fold_decisions_were_fit_on() -> None:
+    assert cross_fitted({"temperature": 0.9, "n_decisions": 1200, "n_out_of_fold": 1000})
+    assert not cross_fitted({"temperature": 0.9, "n_decisions": 200})
+    assert not cross_fitted({"n_out_of_fold": 0})
+    assert not cross_fitted(None)
 
 
 # --------------------------------------------------------------------------- training writes T, the policy uses it

@@ -262,3 +262,12 @@ def test_train_resume_with_another_algorithm_is_a_clear_error(tmp_path: Path, en
     with pytest.raises(CheckpointError, match=r"cannot resume.*algorithm \('bc' there, 'cql' now\)"):
         train_on_episodes(episodes, load_config(None, {**config, "algorithm": {"name": "cql"}}), tmp_path,
                           encoder=encoder, show_progress=False, resume=True)
+
+
+def test_weights_sha256_names_the_weights_file_and_finds_the_shipped_policy(tmp_path: Path) -> None:
+    import hashlib
+
+    (tmp_path / checkpoints.POLICY_WEIGHTS).write_bytes(b"weights")
+    assert checkpoints.weights_sha256(tmp_path) == hashlib.sha256(b"weights").hexdigest()
+    shipped = checkpoints.shipped_policy_dir() / checkpoints.POLICY_WEIGHTS
+    assert checkpoints.weights_sha256("default") == hashlib.sha256(shipped.read_bytes()).hexdigest()

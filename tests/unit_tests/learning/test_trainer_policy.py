@@ -371,6 +371,32 @@ def test_validation_split_keeps_the_runs_of_one_task_together() -> None:
     assert len(split_episodes(loose, 0.3, seed=0)[1]) == 3
 
 
+def test_a_composed_request_and_its_parts_land_on_one_side_of_every_split() -> None:
+    from evoharness_agent.learning.augment import compose_requests
+    from evoharness_agent.learning.trainer import split_episodes, task_folds, task_groups
+
+    tool = ToolSpec(name="lookup", description="Looks a thing up.")
+    logs = [Episode(id=f"e{i}", task=f"Request {i}.", tools=[tool.model_copy(update={"name": f"tool_{i}"})],
+                    reward=1.0, metadata={"domain": "single"},
+                    steps=[Step(tool=f"tool_{i}", observation="ok"), Step(kind="assistant", content="done")])
+            for i in range(40)]
+    episodes = compose_requests(logs, 1.0, seed=0)  # 20 composed requests, each of two logged ones
+    assert len(episodes) == 60
+    tasks = task_groups(episodes)
+    assert len(set(tasks)) == 20  # each composed request is one task with its two parts
+    by_id = {episode.id: task for episode, task in zip(episodes, tasks, strict=True)}
+    for episode in episodes[40:]:
+        assert {by_id[part] for part in episode.metadata["parts"]} == {by_id[episode.id]}
+    for seed in range(5):
+        train_ids, val_ids = split_episodes(episodes, 0.25, seed)
+        trained_on = {part for i in train_ids for part in episodes[i].id.split("+")}
+        assert val_ids and not any(part in trained_on for i in val_ids for part in episodes[i].id.split("+"))
+    for fold in task_folds(episodes, list(range(60)), 4, seed=0):
+        held_out = {part for i in fold for part in episodes[i].id.split("+")}
+        assert all(part not in held_out for i in range(60) if i not in fold for part in episodes[i].id.split("+"))
+    assert task_groups(logs) == [f"#{i}" for i in range(40)]  # nothing composed: each its own task, as before
+
+
 def test_default_names_the_shipped_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from evoharness_agent.learning.checkpoints import read_policy_meta, resolve_policy_dir, shipped_policy_dir
 
