@@ -26,7 +26,6 @@ from evoharness_agent.encoding.state import (
     gather_states,
     n_slots,
     request_part_texts,
-    request_parts,
     state_parts,
     state_rows,
     step_text,
@@ -302,7 +301,7 @@ class PolicySession:
         self._tool_names = {as_tool_spec(tool).name for tool in self.tools} | {FINISH}
         self.history: list[Step] = []
         if embed:
-            policy.encoder.embed([task, *request_parts(task)])  # one encoder call, not one now and one at rank
+            policy.encoder.embed([task, *request_part_texts([task])])  # one encoder call, not one now and one at rank
 
     def observe(self, step: Step | Mapping[str, Any], *, embed: bool = True) -> None:
         """Record a step (tool call, reply or user message) and embed its text once.
@@ -331,7 +330,7 @@ class PolicySession:
             raise TypeError(f"observe() takes a Step or its dict form, not {type(step).__name__}")
         # A new request's clauses go in the same encoder call as its text.
         if embed and step.kind == "user":
-            self.policy.encoder.embed([step.content, *request_parts(step.content)])
+            self.policy.encoder.embed([step.content, *request_part_texts([step.content])])
         elif embed:
             self.policy.encoder.embed_steps([step_text(step)])
         self.history.append(step)  # only now: a step that failed above must not break later ranks

@@ -12,13 +12,14 @@ from evoharness_agent.evaluation.choosers import EmbeddingChooser
 from evoharness_agent.evaluation.zero_shot import ZERO_SHOT_TASKS, evaluate_zero_shot, random_expectation
 from evoharness_agent.policy import ToolPolicy
 
-# Measured on 2026-12-03 (twelfth stop) with the shipped general default (CQL on every bundled domain's
-# training split plus two-part requests composed from its one-call logs, state layout 7 and the
+# Measured on 2026-12-03 (thirteenth stop) with the shipped general default (CQL on every bundled domain's
+# training split plus two-part requests composed from its one-call logs, state layout 8 and the
 # prerequisite, open-part, asked-action and retry decision rules, the towers ranking tools at 0.25,
 # history steps on the static step model, scripts/train_default.py; a tool waiting for its lookup
-# ranks below it; a composed request validated with its parts), CPU, 34 tasks / 107 decisions / 72
-# right after a successful call: step accuracy 0.664 (71/107), task exact 0.235 (8/34), repeat rate
-# 0.000 (0/72) (ninth stop: 0.664, 0.206, 0.014; sixth stop, MiniLM for every text: 0.682, 0.235, 0.000).
+# ranks below it; a composed request validated with its parts; a request's late clauses read after
+# a call), CPU, 34 tasks / 107 decisions / 72 right after a successful call: step accuracy 0.673
+# (72/107), task exact 0.235 (8/34), repeat rate 0.000 (0/72) (twelfth stop: 0.664, 0.235, 0.000;
+# sixth stop, MiniLM for every text: 0.682, 0.235, 0.000).
 # Embedding similarity (calls_per_turn=2) got 0.551 / 0.118 / 0.000 in the same run, random 0.136 / 0.014 / 0.136.
 # The targets (0.90 / 0.75 / <= 0.02) are still far off: see the model card.
 STEP_ACCURACY_FLOOR = 0.62

@@ -11,6 +11,7 @@ from evoharness_agent.encoding.state import (
     PAIR_FEATURES,
     decisions,
     part_coverage,
+    request_part_texts,
     request_parts,
     state_parts,
     step_text,
@@ -232,6 +233,31 @@ def test_request_parts_split_the_pieces_of_work_a_request_asks_for() -> None:
         "Refund it in full", "note it on her timeline.", "Thanks"]
     assert request_parts("Convert 451 F, then email ray@example.org") == ["Convert 451 F", "email ray@example.org"]
     assert request_parts("ok") == ["ok"]  # nothing left after dropping tiny pieces: the request itself
+
+
+def test_request_parts_read_further_once_a_call_was_made() -> None:
+    context = "The smart home has many devices in every room of the old house. " * 8  # ~520 characters
+    request = f"Start the engine. {context}Then lock all the doors."
+    assert "Then lock all the doors." not in request_parts(request)  # the first call is ranked on the first 400
+    late = request_parts(request, after_call=True)
+    assert late[0] == "Start the engine." and late[-1] == "Then lock all the doors."
+    assert request_parts("Convert 451 F, then email ray@example.org", after_call=True) == [
+        "Convert 451 F", "email ray@example.org"]
+    # Both sets in one batch for the encoder.
+    assert set(request_part_texts([request])) == {*request_parts(request), *late}
+
+
+def test_tool_coverage_reads_a_late_ask_only_after_a_call(encoder: StateEncoder) -> None:
+    start = ToolSpec(name="startEngine", description="Start the car's engine.")
+    lock = ToolSpec(name="lockDoors", description="Lock the doors of the car.")
+    tools = [start, lock]
+    request = f"Start the engine. {'The car is parked on the street near the old market square. ' * 7}Lock the doors."
+    vectors = encoder.embed([tool.text() for tool in tools])
+    called = Step(kind="tool_call", tool="startEngine", arguments={}, observation="engine on")
+    before = tool_coverage(state_parts(request, [], 2), tools, vectors, encoder.embed, lambda name: name)
+    after = tool_coverage(state_parts(request, [called], 2), tools, vectors, encoder.embed, lambda name: name)
+    assert after[1] > before[1]  # "Lock the doors." counts once a call was made, and the called tool does not serve it
+    assert after[0] <= 0.0
 
 
 def test_part_coverage_is_what_a_tool_adds_over_the_tools_called_in_this_turn() -> None:
