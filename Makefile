@@ -63,10 +63,10 @@ bench: venv
 # Rebuild the shipped general policy and its model card: train on every domain's training split,
 # then measure transfer (leave one domain out), the zero-shot suite and fine-tuning, all written as JSON.
 default: venv
-	$(PY) scripts/train_default.py --json runs/default/train.json
-	$(PY) benchmarks/zero_shot.py --policy evoharness_agent/trained/default --json runs/default/zero_shot.json
-	$(PY) benchmarks/transfer.py --json runs/default/transfer.json
-	$(PY) benchmarks/fine_tune.py --json runs/default/fine_tune.json --plot runs/default/fine_tune.png
+	$(PY) scripts/train_default.py --json docs/default_policy/train.json
+	$(PY) benchmarks/zero_shot.py --policy evoharness_agent/trained/default --json docs/default_policy/zero_shot.json
+	$(PY) benchmarks/transfer.py --json docs/default_policy/transfer.json
+	$(PY) benchmarks/fine_tune.py --json docs/default_policy/fine_tune.json --plot docs/default_policy/fine_tune.png
 	$(PY) scripts/model_card.py
 
 clean:

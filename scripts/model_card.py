@@ -9,9 +9,9 @@ Inputs (each written by the command named; a missing one is reported as "not mea
 * the policy directory itself (``policy.json``: sizes, calibration; ``policy.safetensors``: size).
 
 Usage: python scripts/model_card.py [--policy evoharness_agent/trained/default]
-       [--train runs/default/train.json]
-       [--transfer runs/default/transfer.json] [--zero-shot runs/default/zero_shot.json]
-       [--fine-tune runs/default/fine_tune.json]
+       [--train docs/default_policy/train.json]
+       [--transfer docs/default_policy/transfer.json] [--zero-shot docs/default_policy/zero_shot.json]
+       [--fine-tune docs/default_policy/fine_tune.json]
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from safetensors import safe_open
 from evoharness_agent.encoding.embedder import model_path
 from evoharness_agent.learning.calibration import cross_fitted
 from evoharness_agent.learning.checkpoints import weights_sha256
+
+MEASUREMENTS = Path("docs/default_policy")
+"""Where ``make default`` writes the measuring commands' JSON, tracked so that the card can be rebuilt and checked."""
 
 
 def _load(path: Path | None) -> dict[str, Any] | None:
@@ -99,6 +102,12 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path)
                      "`answer_leaves_part`, `answer_skips_action`, `answer_skips_retry`, `repeats_retry`, "
                      "`tower_ranking_narrowed`).")
     hardware = train.get("hardware", {})
+    trained = train.get("weights_sha256")
+    shipped = weights_sha256(weights.parent)
+    if trained is not None and trained != shipped:
+        lines.append(f"- Training run measured on a rerun of the recipe (weights sha256 {trained[:12]}…), not the run "
+                     f"that wrote these weights ({shipped[:12]}…): the same data and recipe; its weights differ "
+                     "in float rounding.")
     folds = ("; the policy, then the models its temperature is cross-fitted with (`training.calibration_folds`)"
              if cross_fitted(train) else "")
     lines.append(f"- Training time: {train.get('seconds', 0):.0f} s on {hardware.get('device', '?')} "
@@ -174,13 +183,19 @@ def _fine_tune(fine_tune: dict[str, Any] | None, shipped_sha256: str) -> list[st
     lines = ["", "## Fine-tuning: from the default vs from scratch", ""]
     if fine_tune is None:
         return [*lines, "Not measured (run `benchmarks/fine_tune.py --json`)."]
+    start = fine_tune.get("start")
+    folds = (fine_tune.get("config") or {}).get("calibration_folds") if start is not None else None
+    if folds == 0:
+        fit = ("The temperature is fit on the validation split alone when training ends (`--calibration-folds 0`; "
+               "cross-fitting it over the training tasks costs each run five more trainings).")
+    else:
+        fit = ("The temperature is cross-fitted (`training.calibration_folds`: every training task scored by a "
+               "model that did not train on it, plus the validation split); the validation split's temperature "
+               "alone gives the ECE in brackets.")
     lines.append("Trained on the first N training tasks of a domain (same config and steps), evaluated on its "
                  "held-out tasks, which the default never saw: top-1 over tool calls (FINISH excluded), live "
                  "top-1 (FINISH among the candidates), and the live decisions' ECE and coverage at 95% accuracy. "
-                 "The temperature is cross-fitted (`training.calibration_folds`: every training task scored by a "
-                 "model that did not train on it, plus the validation split); the validation split's temperature "
-                 "alone gives the ECE in brackets.")
-    start = fine_tune.get("start")
+                 + fit)
     if start is None:  # JSON written before benchmarks/fine_tune.py recorded the policy it started from
         lines += ["", "The default these runs started from is not recorded: it may be an earlier one than this "
                       "card's (rerun `benchmarks/fine_tune.py --json`)."]
@@ -189,7 +204,8 @@ def _fine_tune(fine_tune: dict[str, Any] | None, shipped_sha256: str) -> list[st
                       f"this card's: {shipped_sha256[:12]}…): rerun `benchmarks/fine_tune.py --json` to measure "
                       "this one."]
     lines.append("")
-    lines.append("| domain | training tasks | start | top-1 | top-3 | live top-1 | ECE (validation T alone) | "
+    ece_header = "ECE" if folds == 0 else "ECE (validation T alone)"
+    lines.append(f"| domain | training tasks | start | top-1 | top-3 | live top-1 | {ece_header} | "
                  "coverage at 95% | embedding similarity |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
     for domain, rows in (fine_tune["domains"] if start is not None else fine_tune).items():
@@ -242,25 +258,32 @@ def _zero_shot(zero_shot: dict[str, Any] | None, meta: dict[str, Any]) -> list[s
     return lines
 
 
+def card(policy: Path, train: dict[str, Any] | None, transfer: dict[str, Any] | None,
+         zero_shot: dict[str, Any] | None, fine_tune: dict[str, Any] | None) -> str:
+    """Return the model card of the policy directory ``policy`` from the measuring commands' JSON documents."""
+    meta = json.loads((policy / "policy.json").read_text())
+    lines = ["# Model card: the shipped default policy", "",
+             "Generated by `scripts/model_card.py` from the measuring commands' JSON (kept in "
+             f"`{MEASUREMENTS.as_posix()}/`); rebuild everything with `make default`.", ""]
+    lines += _training(meta, train, policy / "policy.safetensors")
+    lines += _calibration(meta)
+    lines += _transfer(transfer)
+    lines += _zero_shot(zero_shot, meta)
+    lines += _fine_tune(fine_tune, weights_sha256(policy))
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     """Assemble the card and write it beside the policy."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--policy", type=Path, default=Path("evoharness_agent/trained/default"))
-    parser.add_argument("--train", type=Path, default=Path("runs/default/train.json"))
-    parser.add_argument("--transfer", type=Path, default=Path("runs/default/transfer.json"))
-    parser.add_argument("--zero-shot", type=Path, default=Path("runs/default/zero_shot.json"))
-    parser.add_argument("--fine-tune", type=Path, default=Path("runs/default/fine_tune.json"))
+    parser.add_argument("--train", type=Path, default=MEASUREMENTS / "train.json")
+    parser.add_argument("--transfer", type=Path, default=MEASUREMENTS / "transfer.json")
+    parser.add_argument("--zero-shot", type=Path, default=MEASUREMENTS / "zero_shot.json")
+    parser.add_argument("--fine-tune", type=Path, default=MEASUREMENTS / "fine_tune.json")
     args = parser.parse_args()
-    meta = json.loads((args.policy / "policy.json").read_text())
-    lines = ["# Model card: the shipped default policy", "",
-             "Generated by `scripts/model_card.py` from the measuring commands' JSON; rebuild everything with "
-             "`make default`.", ""]
-    lines += _training(meta, _load(args.train), args.policy / "policy.safetensors")
-    lines += _calibration(meta)
-    lines += _transfer(_load(args.transfer))
-    lines += _zero_shot(_load(args.zero_shot), meta)
-    lines += _fine_tune(_load(args.fine_tune), weights_sha256(args.policy))
-    (args.policy / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
+    text = card(args.policy, _load(args.train), _load(args.transfer), _load(args.zero_shot), _load(args.fine_tune))
+    (args.policy / "MODEL_CARD.md").write_text(text)
     print(f"wrote {args.policy / 'MODEL_CARD.md'}")
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from evoharness_agent.learning.checkpoints import weights_sha256
 from evoharness_agent.learning.config import load_config
 from evoharness_agent.learning.cross_fit import CROSS_FIT_DIR
 from evoharness_agent.learning.trainer import train_on_episodes
@@ -60,6 +61,7 @@ def main() -> None:
             target.unlink()
     summary = {
         **dict(result), "n_episodes": len(episodes), "seconds": seconds, "config": config.model_dump(),
+        "weights_sha256": weights_sha256(args.out),
         "data": dict(Counter(str(ep.metadata["domain"]) for ep in episodes)),
         "hardware": {"device": "cuda" if torch.cuda.is_available() else "cpu", "cpu_count": os.cpu_count(),
                      "torch": torch.__version__, "threads": torch.get_num_threads()},

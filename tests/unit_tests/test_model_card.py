@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tests.kit.scripts import load_script
+import json
+
+from tests.kit.scripts import ROOT, load_script
 
 model_card = load_script("model_card")
 
@@ -34,6 +36,19 @@ def test_fine_tune_table_has_both_starts_and_marks_runs_without_calibration() ->
     assert model_card._fine_tune(None, "ab" * 32)[-1] == "Not measured (run `benchmarks/fine_tune.py --json`)."
 
 
+def test_fine_tune_table_says_how_its_temperature_was_fit() -> None:
+    result = {"top1": 0.6, "top3": 0.8, "live_top1": 0.62, "embedding_similarity_top1": 0.2, "ece": 0.1,
+              "coverage_at_95": 0.0}
+    rows = {"bfcl": [{"n_tasks": 10, "scratch": result, "default": result}]}
+    start = {"policy": "default", "weights_sha256": "ab" * 32}
+    alone = model_card._fine_tune({"start": start, "config": {"calibration_folds": 0}, "domains": rows}, "ab" * 32)
+    assert any("fit on the validation split alone" in line for line in alone)
+    assert not any("cross-fitted" in line or "validation T alone" in line for line in alone)
+    crossed = model_card._fine_tune({"start": start, "config": {"calibration_folds": 5}, "domains": rows}, "ab" * 32)
+    assert any("cross-fitted" in line for line in crossed)
+    assert any("ECE (validation T alone)" in line for line in crossed)
+
+
 def test_fine_tune_table_says_when_it_started_from_another_default() -> None:
     result = {"top1": 0.6, "top3": 0.8, "live_top1": 0.62, "embedding_similarity_top1": 0.2}
     rows = {"bfcl": [{"n_tasks": 10, "scratch": result, "default": result}]}
@@ -59,3 +74,30 @@ def test_confidence_says_what_the_temperature_was_fit_on() -> None:
     assert "validation split." in model_card._zero_shot(suite, {"calibration": fit})[-1]
     by_task = {**fit, "n_out_of_fold": 900, "out_of_fold_by": "task"}
     assert "had not trained on its task" in model_card._zero_shot(suite, {"calibration": by_task})[-1]
+
+
+def test_training_section_says_when_its_run_wrote_other_weights() -> None:
+    policy = ROOT / "evoharness_agent" / "trained" / "default"
+    meta = json.loads((policy / "policy.json").read_text())
+    shipped = model_card.weights_sha256(policy)
+    train = {"n_episodes": 3, "n_transitions": 9, "data": {"bfcl": 3}, "seconds": 5.0, "config": {}}
+
+    def training(sha256: str) -> list[str]:
+        return model_card._training(meta, {**train, "weights_sha256": sha256}, policy / "policy.safetensors")
+
+    assert not any("rerun of the recipe" in line for line in training(shipped))
+    assert any(f"rerun of the recipe (weights sha256 {'cd' * 6}…), not the run that wrote these weights "
+               f"({shipped[:12]}…)" in line for line in training("cd" * 32))
+
+
+def test_shipped_card_is_what_the_committed_measurements_give() -> None:
+    """MODEL_CARD.md holds no figure the JSON in docs/default_policy does not give (``make default`` writes both)."""
+    measured = ROOT / model_card.MEASUREMENTS
+
+    def document(name: str) -> dict[str, object]:
+        return json.loads((measured / f"{name}.json").read_text())
+
+    policy = ROOT / "evoharness_agent" / "trained" / "default"
+    expected = model_card.card(policy, document("train"), document("transfer"), document("zero_shot"),
+                               document("fine_tune"))
+    assert (policy / "MODEL_CARD.md").read_text() == expected, "run `python scripts/model_card.py`"
