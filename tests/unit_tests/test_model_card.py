@@ -83,7 +83,8 @@ def test_training_section_says_when_its_run_wrote_other_weights() -> None:
     train = {"n_episodes": 3, "n_transitions": 9, "data": {"bfcl": 3}, "seconds": 5.0, "config": {}}
 
     def training(sha256: str) -> list[str]:
-        return model_card._training(meta, {**train, "weights_sha256": sha256}, policy / "policy.safetensors")
+        return model_card._training(meta, {**train, "weights_sha256": sha256}, policy / "policy.safetensors",
+                                   shipped)
 
     assert not any("rerun of the recipe" in line for line in training(shipped))
     assert any(f"rerun of the recipe (weights sha256 {'cd' * 6}…), not the run that wrote these weights "
