@@ -594,8 +594,16 @@ def _replayed_steps(row: dict[str, Any]) -> list[Step]:
 
 
 def convert_tau_retail(shared: Path, out: Path) -> list[Path]:
-    """Convert tau-bench retail train + dev (final state-changing gold calls only, replayed)."""
+    """Convert tau-bench retail train + dev (final state-changing gold calls only, replayed).
+
+    Its gold lists keep only the calls that change the store, so only those tools were a choice
+    the log could record: they alone are ``available_at_start`` (the write tools by tau2-bench's
+    ``tool_types`` for the same tools). Offering the look-ups too would teach, and score, "change
+    before looking up" wherever a real agent looks up first (tau2-bench retail logs both).
+    """
     tools = openai_tools(shared / "tau_bench" / "retail_tools.json")
+    kinds = json.loads((shared / "tau2_bench" / "retail_tools.json").read_text("utf-8"))["tool_types"]
+    writes = [tool.name for tool in tools if kinds.get(tool.name) == "write"]
     episodes = []
     for split in ("train", "dev"):
         for row in read_jsonl(shared / "tau_bench" / f"retail_{split}.jsonl"):
@@ -603,6 +611,7 @@ def convert_tau_retail(shared: Path, out: Path) -> list[Path]:
                 raise ValueError(f"retail_{split} task {row['task_index']}: split {row['split']}")
             episodes.append(_check_tools(Episode(
                 id=f"tau_retail_{split}_{row['task_index']}", task=row["instruction"], tools=tools,
+                available_at_start=writes,
                 steps=_replayed_steps(row), reward=1.0,
                 metadata={"benchmark": "tau-bench", "domain": "tau_retail", "source_split": split,
                           "task_index": row["task_index"], "user_id": row.get("user_id"),

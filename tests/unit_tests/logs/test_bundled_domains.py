@@ -150,3 +150,7 @@ def test_bfcl_single_and_tau_retail_shape(domains: dict[str, list[Episode]]) -> 
     used = {s.tool for ep in domains["tau_retail"] for s in ep.steps if s.kind == "tool_call"}
     assert used and all(name.startswith(("cancel_", "modify_", "return_", "exchange_")) for name in used)
     assert all(ep.metadata["partial_gold"] for ep in domains["tau_retail"])
+    # ... so the look-ups were never a choice the log could record: only the write tools are offered.
+    for ep in domains["tau_retail"]:
+        offered = ep.availability()[0]
+        assert used <= offered and not offered & {"find_user_id_by_email", "get_order_details", "calculate"}
