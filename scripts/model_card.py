@@ -151,7 +151,7 @@ def _transfer(transfer: dict[str, Any] | None) -> list[str]:
     lines.append("Trained on every other domain (siblings sharing users left out too), evaluated on the left-out "
                  "domain's logged tool calls (top-1, ties against the policy), baselines in the same run. "
                  "Each decision is scored among the tools its log could have recorded (`available_at_start`): "
-                 "tau-bench retail logs only its 7 state-changing tools' calls, so its look-ups are no candidates.")
+                 "tau-bench retail logs only its calls that change the store, so its look-ups are no candidates.")
     lines.append("")
     lines.append("| left out | decisions | policy | embedding similarity | gap | bigram | FINISH accuracy |")
     lines.append("|---|---|---|---|---|---|---|")
