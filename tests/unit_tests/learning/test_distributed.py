@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -19,7 +20,8 @@ from evoharness_agent.encoding.transitions import EMBEDDINGS_FILE
 from evoharness_agent.learning.distributed import Context, launch
 from evoharness_agent.learning.trainer import DATASET_DIR, _build_in_turn, train_on_episodes
 from evoharness_agent.logs.importers import write_episodes
-from tests.kit.synthetic_logs import synthetic_episodes
+from evoharness_agent.policy import ToolPolicy
+from tests.kit.synthetic_logs import TOOLS, synthetic_episodes
 from tests.unit_tests.learning.test_trainer_policy import make_config
 
 
@@ -74,12 +76,12 @@ def test_two_gloo_processes_match_one_process(algorithm: str, tmp_path: Path, en
     # Dropout off (its masks would fall on other rows) and fp32 (bf16 rounding depends on the
     # batch shape); what remains is float summation order (a mean of two half-batch means vs one
     # mean, and the all-reduce's sum), ~1e-7 relative per step. Adam amplifies it in one place:
-    # an entry whose gradient is itself at rounding level (a pair feature that is almost never
-    # non-zero, or one that is the same for every candidate) gets a step of +-lr in whichever
-    # direction the rounding falls, each step: a random walk, so two runs may part by several lr.
-    # So: all but a handful of entries within 1e-5, and those within what Adam can move an entry.
-    steps, lr = 40, 3e-4  # lr: CQL's and IQL's default
-    config = make_config(steps=steps, algorithm=algorithm, training={"bf16": False}, model={"dropout": 0.0})
+    # an entry whose true gradient is zero gets a step of +-lr in whichever direction the rounding
+    # falls, each step: a random walk. A softmax head has such entries: whatever adds the same to
+    # every candidate's logit (the weight of ``available``, 1 for every tool scored; the tool
+    # tower's last bias) changes no probability. So: all but a handful of weights within 1e-5, and
+    # the scores the two policies give at every logged decision, less their mean, within 1e-6.
+    config = make_config(steps=40, algorithm=algorithm, training={"bf16": False}, model={"dropout": 0.0})
     episodes = synthetic_episodes()
     train_on_episodes(episodes, config, tmp_path / "one", encoder=encoder, show_progress=False)
     # The spawned ranks build their own encoder over the cache the one-process run filled.
@@ -91,12 +93,12 @@ def test_two_gloo_processes_match_one_process(algorithm: str, tmp_path: Path, en
 
     one, two = (load_file(str(tmp_path / run / "policy.safetensors")) for run in ("one", "two"))
     assert one.keys() == two.keys()
-    far = 0
-    for name in one:
-        torch.testing.assert_close(two[name], one[name], rtol=0, atol=steps * lr,
-                                   msg=lambda message, name=name: f"{name}: {message}")
-        far += int(((two[name] - one[name]).abs() > 1e-5).sum())
-    assert far <= 3, f"{far} weights differ by more than 1e-5"
+    far = {name: int(((two[name] - one[name]).abs() > 1e-5).sum()) for name in one}
+    assert sum(far.values()) <= 3, f"weights differing by more than 1e-5: {far}"
+    states = [(episode.task, episode.steps[:end]) for episode in episodes for end in range(len(episode.steps))]
+    scores = [ToolPolicy.load(tmp_path / run, encoder=encoder).score_matrix(states, TOOLS)[1] for run in ("one", "two")]
+    one_scores, two_scores = (matrix - matrix.mean(axis=1, keepdims=True) for matrix in scores)
+    np.testing.assert_allclose(two_scores, one_scores, rtol=0, atol=1e-6)
     log_one, log_two = (json.loads((tmp_path / run / "train_log.json").read_text()) for run in ("one", "two"))
     assert [row["step"] for row in log_two] == [row["step"] for row in log_one]
     for row_one, row_two in zip(log_one, log_two, strict=True):
@@ -165,5 +167,5 @@ def test_cli_nproc_per_node_and_torchrun_match_one_process(logs: Path) -> None:
     one = load_file(str(logs / "one" / "policy.safetensors"))
     for run in ("two", "torchrun"):
         other = load_file(str(logs / run / "policy.safetensors"))
-        for name in one:  # CQL, 20 steps: within 2 lr (see the test above), nearly all within 1e-5
+        for name in one:  # CQL, 20 steps: nearly all within 1e-5, the few random-walking ones (see above) within 2 lr
             torch.testing.assert_close(other[name], one[name], rtol=0, atol=6e-4)
