@@ -148,10 +148,13 @@ def _transfer(transfer: dict[str, Any] | None) -> list[str]:
     lines = ["", "## Transfer: leave one domain out", ""]
     if transfer is None:
         return [*lines, "Not measured (run `benchmarks/transfer.py --json`)."]
+    partial = [f"`{domain}` {result['n_partial_log_episodes']} of {result['n_episodes']}"
+               for domain, result in transfer["results"].items() if result.get("n_partial_log_episodes")]
     lines.append("Trained on every other domain (siblings sharing users left out too), evaluated on the left-out "
                  "domain's logged tool calls (top-1, ties against the policy), baselines in the same run. "
-                 "Each decision is scored among the tools its log could have recorded (`available_at_start`): "
-                 "tau-bench retail logs only its calls that change the store, so its look-ups are no candidates.")
+                 "Each decision is scored among the tools its log could have recorded (`available_at_start`)"
+                 + (f"; episodes whose logs record only some of their tools: {', '.join(partial)}." if partial
+                    else "."))
     lines.append("")
     lines.append("| left out | decisions | policy | embedding similarity | gap | bigram | FINISH accuracy |")
     lines.append("|---|---|---|---|---|---|---|")

@@ -23,6 +23,16 @@ def test_transfer_table_reports_each_left_out_domains_calibration() -> None:
     assert any("fit on the training domains' validation episodes." in line for line in lines)
     by_domain = model_card._transfer({**transfer, "config": {"training": {"calibration_folds": "domain"}}})
     assert any("each scored by a model trained without it" in line for line in by_domain)
+    assert not any("record only some" in line for line in lines)
+
+
+def test_transfer_table_names_the_domains_whose_logs_record_only_some_tools() -> None:
+    metrics = {"policy": {"top1": 0.58}, "embedding_similarity": {"top1": 0.41}, "bigram": {"top1": 0.1}}
+    result = {"n_decisions": 30, "metrics": metrics, "finish_accuracy": 0.7, "calibration": _calibration(0.1, 0.0)}
+    transfer = {"results": {"bfcl": {**result, "n_episodes": 200, "n_partial_log_episodes": 0},
+                            "tau_retail": {**result, "n_episodes": 520, "n_partial_log_episodes": 520}}}
+    assert any(line.endswith("episodes whose logs record only some of their tools: `tau_retail` 520 of 520.")
+               for line in model_card._transfer(transfer))
 
 
 def test_fine_tune_table_has_both_starts_and_marks_runs_without_calibration() -> None:
