@@ -1,4 +1,4 @@
-"""Load a file of ``scripts/`` (not a package) as a module, to test its functions."""
+"""Load a file of ``scripts/`` or ``benchmarks/`` (not packages) as a module, to test its functions."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_script(name: str) -> ModuleType:
-    """Return ``scripts/<name>.py`` imported as the module ``name``."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+def load_script(name: str, folder: str = "scripts") -> ModuleType:
+    """Return ``<folder>/<name>.py`` (``scripts/`` or ``benchmarks/``) imported as the module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
