@@ -61,9 +61,15 @@ def synthetic_dataset(n: int, n_texts: int, n_tools: int, candidates: int, seed:
     following = torch.arange(n) + 1
     following[dones] = torch.arange(n)[dones]
     # Each state's candidates: FINISH (row 0) and candidates - 1 distinct other tools, sorted as
-    # build_dataset stores them; the logged action is one of them.
-    others = torch.rand(n, n_tools - 1, generator=g).argsort(dim=1)[:, : candidates - 1] + 1
-    pair_tools = torch.cat([torch.zeros(n, 1, dtype=torch.long), others.sort(dim=1).values], dim=1)
+    # build_dataset stores them; the logged action is one of them. k sorted draws from n_tools - k
+    # values, the i-th shifted up by i, are k distinct sorted tools: n x k numbers, where a
+    # permutation of every tool per state would be n x n_tools (2M x 4096: 60 GiB to argsort).
+    k = candidates - 1
+    if not 0 < k < n_tools:
+        raise ValueError(f"--candidates must be 2 to --tools ({n_tools}), not {candidates}")
+    draws = torch.randint(n_tools - k, (n, k), generator=g).sort(dim=1).values
+    others = draws + torch.arange(k) + 1
+    pair_tools = torch.cat([torch.zeros(n, 1, dtype=torch.long), others], dim=1)
     actions = pair_tools.gather(1, torch.randint(candidates, (n, 1), generator=g)).squeeze(1)
     pair_values = (torch.rand(n, candidates, N_PAIR_FEATURES, generator=g) < 0.1).float()
     pair_values[:, :, AVAILABLE] = 1.0
