@@ -76,7 +76,8 @@ def run(left_out: str, episodes: dict[str, list[Episode]], config: TrainConfig, 
     # A log that records only some of its tools (tau-bench retail keeps only the calls that change
     # the store) is scored among those: the card says which domains' logs are such. (A tool that
     # joins later, as in BFCL's miss_func, is offered from then on: no such log.)
-    partial = sum(set().union(*ep.availability(), ep.available_at_start or ()) != set(ep.tool_names())
+    partial = sum(ep.available_at_start is not None
+                  and set().union(ep.available_at_start, *ep.availability()) != set(ep.tool_names())
                   for ep in episodes[left_out])
     return {**report.to_json(), "train_seconds": seconds, "n_train_episodes": len(train),
             "n_episodes": len(episodes[left_out]), "n_partial_log_episodes": partial}
