@@ -47,6 +47,16 @@ def training_domains(left_out: str) -> list[str]:
     return [d for d in DOMAINS if d != left_out and d not in DOMAIN_SIBLINGS.get(left_out, set())]
 
 
+def add_recipe_arguments(parser: argparse.ArgumentParser, out: Path) -> None:
+    """Add the flags :func:`config_for` reads (``--algo``, ``--steps``, ``--seed``, ``--set``) and the outputs."""
+    parser.add_argument("--algo", default=None, help="algorithm (default: the recipe's)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--set", action="append", default=[], help="section.key=value: overrides the recipe")
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--json", type=Path, default=None)
+
+
 def config_for(args: argparse.Namespace) -> TrainConfig:
     """Return the training config: the default's recipe, then the flags, then each ``--set section.key=value``."""
     overrides: dict[str, dict[str, Any]] = {"algorithm": {"name": args.algo},
@@ -87,12 +97,7 @@ def main() -> None:
     """Run the leave-one-domain-out experiments and print one summary table."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--leave-out", default=",".join(REPORTED))
-    parser.add_argument("--algo", default=None, help="algorithm (default: the recipe's)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the recipe's)")
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--set", action="append", default=[], help="section.key=value: overrides the recipe")
-    parser.add_argument("--out", type=Path, default=Path("runs/transfer"))
-    parser.add_argument("--json", type=Path, default=None)
+    add_recipe_arguments(parser, Path("runs/transfer"))
     args = parser.parse_args()
     config = config_for(args)
     episodes = all_domain_episodes()

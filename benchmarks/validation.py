@@ -1,0 +1,115 @@
+"""Validation figures of a training recipe: what every setting of the shipped default is chosen on.
+
+A setting (``--set section.key=value`` over ``scripts/default_policy.yaml``, as for
+``benchmarks/transfer.py``) is judged on data never reported as a figure, in one run:
+
+* the validation domains left out, ``stabletoolbench`` and ``bfcl_single``: a policy trained on
+  every other domain (``transfer.run``), scored on the left-out domain's logged tool calls
+  (top-1, FINISH accuracy) and on its live decisions (FINISH among the candidates: top-1, ECE,
+  coverage at 95% accuracy), beside embedding similarity;
+* a policy trained on the default's own training data (:func:`default_training_split`), scored
+  on the validation zero-shot suite (:data:`VALIDATION_TASKS`: invented toolsets that no data set
+  and no reported figure has) and on the live decisions of its validation split (the episodes
+  ``training.seed`` and ``data.val_fraction`` hold out), per domain.
+
+The README's validation table reads these figures. Each run trains three policies (about 12
+minutes on 2 CPU cores); the temperature is the validation split's (``calibration_folds`` 0),
+as in ``benchmarks/transfer.py``.
+
+Usage: python benchmarks/validation.py [--set model.open_part_threshold=0.3] [--algo cql]
+       [--steps 2000] [--seed 0] [--out runs/validation] [--json runs/validation.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # transfer.py, beside this script
+
+from transfer import VALIDATION, add_recipe_arguments, config_for, run  # noqa: E402
+
+from evoharness_agent.evaluation.offline import evaluate_offline  # noqa: E402
+from evoharness_agent.evaluation.zero_shot import evaluate_zero_shot  # noqa: E402
+from evoharness_agent.evaluation.zero_shot_validation import VALIDATION_TASKS  # noqa: E402
+from evoharness_agent.learning.config import TrainConfig  # noqa: E402
+from evoharness_agent.learning.trainer import train_on_episodes, validation_episodes  # noqa: E402
+from evoharness_agent.logs.bundled import all_domain_episodes, default_training_split  # noqa: E402
+from evoharness_agent.policy import ToolPolicy  # noqa: E402
+from evoharness_agent.schema import Episode  # noqa: E402
+
+console = Console()
+
+
+def measure_default_recipe(episodes: dict[str, list[Episode]], config: TrainConfig, out: Path) -> dict[str, Any]:
+    """Train on the default's training data; return the validation suite's and the validation split's figures."""
+    encoder = config.model.state_encoder()
+    trained = [episode for group in episodes.values() for episode in default_training_split(group)]
+    train_on_episodes(trained, config, out / "all", encoder=encoder, show_progress=True)
+    policy = ToolPolicy.load(out / "all", encoder=encoder)
+    suite = evaluate_zero_shot(policy, VALIDATION_TASKS)
+    assert suite.calibration is not None  # a policy reports its confidence
+    split = validation_episodes(trained, config)
+    by_domain: dict[str, list[Episode]] = {}
+    for episode in split:
+        by_domain.setdefault(str(episode.metadata.get("domain")), []).append(episode)
+    live = {domain: evaluate_offline(policy, group, trained, encoder=encoder).calibration
+            for domain, group in sorted(by_domain.items())}
+    calibration = evaluate_offline(policy, split, trained, encoder=encoder).calibration
+    return {"suite": {**asdict(suite.overall), "ece": suite.calibration.ece,
+                      "coverage_at_95": suite.calibration.coverage_at_95},
+            "split": {"right": round(calibration.accuracy * calibration.n_decisions),
+                      "decisions": calibration.n_decisions, "ece": calibration.ece,
+                      "coverage_at_95": calibration.coverage_at_95,
+                      "by_domain": {domain: {"right": round(c.accuracy * c.n_decisions), "decisions": c.n_decisions}
+                                    for domain, c in live.items()}}}
+
+
+def print_figures(results: dict[str, Any]) -> None:
+    """Print the left-out domains' row and the default recipe's row."""
+    table = Table(title="validation domains left out")
+    for column in ("left out", "top-1", "FINISH acc", "live top-1", "ECE", "coverage at 95%", "similarity"):
+        table.add_column(column, justify="right")
+    for domain in VALIDATION:
+        r = results[domain]
+        table.add_row(domain, f"{r['metrics']['policy']['top1']:.3f}", f"{r['finish_accuracy']:.3f}",
+                      f"{r['calibration']['accuracy']:.3f}", f"{r['calibration']['ece']:.3f}",
+                      f"{r['calibration']['coverage_at_95']:.3f}",
+                      f"{r['metrics']['embedding_similarity']['top1']:.3f}")
+    console.print(table)
+    suite, split = results["default_recipe"]["suite"], results["default_recipe"]["split"]
+    right = round(suite["step_accuracy"] * suite["n_decisions"])
+    exact = round(suite["task_exact"] * suite["n_tasks"])
+    console.print(f"validation suite: {right} of {suite['n_decisions']} decisions right, task exact {exact} of "
+                  f"{suite['n_tasks']}, repeats {suite['repeat_rate']:.3f}, ECE {suite['ece']:.3f}, "
+                  f"coverage at 95% {suite['coverage_at_95']:.3f}")
+    domains = ", ".join(f"{d} {c['right']}/{c['decisions']}" for d, c in split["by_domain"].items())
+    console.print(f"the default's validation split: {split['right']} of {split['decisions']} live decisions "
+                  f"right ({domains}), ECE {split['ece']:.3f}, coverage at 95% {split['coverage_at_95']:.3f}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Train the recipe's three validation policies, print their figures and write JSON."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_recipe_arguments(parser, Path("runs/validation"))
+    args = parser.parse_args(argv)
+    config = config_for(args)
+    episodes = all_domain_episodes()
+    encoder = config.model.state_encoder()
+    results: dict[str, Any] = {domain: run(domain, episodes, config, args.out, encoder) for domain in VALIDATION}
+    results["default_recipe"] = measure_default_recipe(episodes, config, args.out)
+    print_figures(results)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"config": config.model_dump(), "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
