@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # transfer.py, beside 
 
 from transfer import VALIDATION, add_recipe_arguments, config_for, run  # noqa: E402
 
+from evoharness_agent.encoding.embedder import StateEncoder  # noqa: E402
 from evoharness_agent.evaluation.offline import evaluate_offline  # noqa: E402
 from evoharness_agent.evaluation.zero_shot import evaluate_zero_shot  # noqa: E402
 from evoharness_agent.evaluation.zero_shot_validation import VALIDATION_TASKS  # noqa: E402
@@ -48,9 +49,9 @@ from evoharness_agent.schema import Episode  # noqa: E402
 console = Console()
 
 
-def measure_default_recipe(episodes: dict[str, list[Episode]], config: TrainConfig, out: Path) -> dict[str, Any]:
+def measure_default_recipe(episodes: dict[str, list[Episode]], config: TrainConfig, out: Path,
+                           encoder: StateEncoder) -> dict[str, Any]:
     """Train on the default's training data; return the validation suite's and the validation split's figures."""
-    encoder = config.model.state_encoder()
     trained = [episode for group in episodes.values() for episode in default_training_split(group)]
     train_on_episodes(trained, config, out / "all", encoder=encoder, show_progress=True)
     policy = ToolPolicy.load(out / "all", encoder=encoder)
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     episodes = all_domain_episodes()
     encoder = config.model.state_encoder()
     results: dict[str, Any] = {domain: run(domain, episodes, config, args.out, encoder) for domain in VALIDATION}
-    results["default_recipe"] = measure_default_recipe(episodes, config, args.out)
+    results["default_recipe"] = measure_default_recipe(episodes, config, args.out, encoder)
     print_figures(results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
