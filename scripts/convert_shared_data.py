@@ -27,6 +27,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Importable without installing the package (e.g. plain `python scripts/...`).
 sys.path.insert(0, str(PROJECT_ROOT))
 
+from evoharness_agent.envs.tau_airline import AIRLINE_TABLES, airline_functions  # noqa: E402
 from evoharness_agent.schema import Episode, Step, ToolSpec, as_tool_spec  # noqa: E402
 
 BFCL_VARIANTS = ("base", "miss_func", "miss_param", "long_context")
@@ -207,20 +208,36 @@ def tau2_task_text(scenario: dict[str, Any]) -> str:
     return "\n\n".join(part.strip() for part in parts if part and part.strip())
 
 
+def replay_airline(shared: Path, actions: list[dict[str, Any]]) -> list[Step]:
+    """Replay gold airline actions on a fresh copy of tau-bench's airline DB; return their steps and a FINISH.
+
+    tau2-bench publishes the airline tasks' gold actions without their results. The package's
+    airline tools reproduce tau-bench's own replay of its airline test tasks call for call,
+    on the same database, so they give each action the observation an agent would have read.
+    """
+    data = {table: json.loads((shared / "tau_bench" / "db" / "airline" / f"{table}.json").read_text("utf-8"))
+            for table in AIRLINE_TABLES}
+    functions = airline_functions(data)
+    steps = []
+    for action in actions:
+        observation = functions[action["name"]](**(action["arguments"] or {}))
+        steps.append(Step(kind="tool_call", tool=action["name"], arguments=action["arguments"] or {},
+                          observation=observation, error=bool(TAU_ERROR_RE.match(observation))))
+    steps.append(Step(kind="assistant", content=""))
+    return steps
+
+
 def convert_tau2_airline(shared: Path, out: Path) -> list[Path]:
-    """Convert the tau2-bench airline tasks (gold actions, not replayed)."""
+    """Convert the tau2-bench airline tasks (gold actions, replayed on tau-bench's airline DB)."""
     tools = tau_airline_tools(shared)
     rows = read_jsonl(shared / "tau2_bench" / "airline_tasks.jsonl")
     episodes = []
     for row in rows:
-        steps = [Step(kind="tool_call", tool=action["name"], arguments=action["arguments"] or {})
-                 for action in row["gold_actions"]]
-        steps.append(Step(kind="assistant", content=""))
         episodes.append(_check_tools(Episode(
             id=f"tau2_airline_{row['id']}",
             task=tau2_task_text(row["user_scenario"]),
             tools=tools,
-            steps=steps,
+            steps=replay_airline(shared, row["gold_actions"]),
             reward=1.0,
             metadata={"benchmark": "tau2-bench", "domain": "airline", "task_id": row["id"],
                       "split": row["split"]},

@@ -57,6 +57,7 @@ from evoharness_agent.agents.llm_calls import (
 from evoharness_agent.learning.checkpoints import DEFAULT_POLICY
 from evoharness_agent.logs.events import RANK_EVENT, RUN_EVENT, STEP_EVENT
 from evoharness_agent.policy import (
+    CONTINUE_RATIO,
     CONTINUE_THRESHOLD,
     RankingPolicy,
     RankingSession,
@@ -186,6 +187,9 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
     worked and with another tool ranked best, the LLM must call one of the top tools (not the one
     just called) rather than answer (``None``: it may always answer). 0.15 holds back only answers
     of which about 15 in 100 or fewer would be right; :class:`PolicyToolSelectorMiddleware` does the same."""
+    continue_ratio: float | None = Field(default=CONTINUE_RATIO, gt=0.0)
+    """In hybrid mode, a call is due too (as with ``continue_threshold``) while the best tool is at least
+    this many times as likely as FINISH (``None``: the threshold alone)."""
     guardrails: Guardrails | None = None
     """Allow-list, call budgets, confirmation of high-risk tools and the audit log."""
     system_prompt: str | None = None
@@ -577,7 +581,7 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
         if self.mode != "hybrid" or run.ranking[0].probability >= self.confidence_threshold:
             return None
         just_worked = run.steps[-1][0].tool if run.steps and not run.failed[-1] else None
-        must_call = call_is_due(run.ranking, just_worked, self.continue_threshold)
+        must_call = call_is_due(run.ranking, just_worked, self.continue_threshold, self.continue_ratio)
         # A model that must call is not offered the call that just worked: it would make it again.
         skip = {FINISH, just_worked} if must_call else {FINISH}
         return [self.lookup_tool(s.tool) for s in run.ranking[: self.top_k] if s.tool not in skip], not must_call

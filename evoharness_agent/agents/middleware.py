@@ -10,7 +10,8 @@ conversation so far, and
   ``tool_choice``, never twice in a row (a model forced to call a tool on every step cannot
   answer, and loops until the recursion limit);
 * when the call just made worked, another tool is best and answering now is unlikely
-  (FINISH's probability at most ``continue_threshold``), the model sees the ``top_k`` best tools
+  (FINISH's probability at most ``continue_threshold``, or the best tool ``continue_ratio``
+  times as likely as FINISH or more), the model sees the ``top_k`` best tools
   and must call one of them (``tool_choice="any"``): small models answer after the first result
   ("18 C") when the request still asks for a conversion;
 * otherwise the model sees only the ``top_k`` best tools, and decides (``tool_choice`` unset:
@@ -34,7 +35,14 @@ from langchain_core.tools import BaseTool
 
 from evoharness_agent.learning.checkpoints import DEFAULT_POLICY
 from evoharness_agent.logs.importers import LogFormatError, episode_from_messages
-from evoharness_agent.policy import CONTINUE_THRESHOLD, RankingPolicy, ToolPolicy, ToolScore, call_is_due
+from evoharness_agent.policy import (
+    CONTINUE_RATIO,
+    CONTINUE_THRESHOLD,
+    RankingPolicy,
+    ToolPolicy,
+    ToolScore,
+    call_is_due,
+)
 from evoharness_agent.schema import FINISH, Step
 
 try:
@@ -73,6 +81,9 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
             it sees (``None``: never). 0.15 holds back only answers of which about 15 in 100 or fewer
             would be right. Never when the best tool is the one just called (a poll or a retry:
             the model decides when to stop).
+        continue_ratio: a call is due too (as with ``continue_threshold``) while the best tool is
+            at least this many times as likely as FINISH (``None``: the threshold alone): 2.5
+            holds back answers that about 1 in 10 of such validation decisions give.
         always_include: tool names the model always sees, ranked or not (unless it answers).
 
     Example:
@@ -84,7 +95,8 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
 
     def __init__(self, policy: RankingPolicy | str | Path = DEFAULT_POLICY, *, top_k: int = 3,
                  force_threshold: float | None = 0.8, finish_threshold: float | None = 0.8,
-                 continue_threshold: float | None = CONTINUE_THRESHOLD, always_include: Sequence[str] = ()) -> None:
+                 continue_threshold: float | None = CONTINUE_THRESHOLD, continue_ratio: float | None = CONTINUE_RATIO,
+                 always_include: Sequence[str] = ()) -> None:
         super().__init__()
         if top_k < 1:
             raise ValueError("top_k must be at least 1")
@@ -92,11 +104,14 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
                                 ("continue_threshold", continue_threshold)):
             if threshold is not None and not 0.0 <= threshold <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1] or None, got {threshold}")
+        if continue_ratio is not None and continue_ratio <= 0:
+            raise ValueError(f"continue_ratio must be positive or None, got {continue_ratio}")
         self.policy = ToolPolicy.load(policy) if isinstance(policy, (str, Path)) else policy
         self.top_k = top_k
         self.force_threshold = force_threshold
         self.finish_threshold = finish_threshold
         self.continue_threshold = continue_threshold
+        self.continue_ratio = continue_ratio
         self.always_include = frozenset(always_include)
         self.last_ranking: list[ToolScore] = []
         """The ranking behind the latest model call (for inspection and tests)."""
@@ -116,7 +131,7 @@ class PolicyToolSelectorMiddleware(AgentMiddleware):
         provider_tools = [tool for tool in request.tools if isinstance(tool, dict)]
         previous = steps[-1].tool if steps and steps[-1].kind == "tool_call" else None
         must_call = call_is_due(ranking, previous if previous and not steps[-1].error else None,
-                                self.continue_threshold)
+                                self.continue_threshold, self.continue_ratio)
         # A model that must call is not shown the tool that just worked: it would call it again.
         skip = {FINISH, previous} if must_call else {FINISH}
         best = [score.tool for score in ranking if score.tool not in skip][: self.top_k]

@@ -102,3 +102,15 @@ def test_a_call_is_due_only_after_a_call_that_worked_while_answering_is_unlikely
     finish_first = [ToolScore(FINISH, 2.0, 0.05), *ranking[:2]]
     assert not call_is_due(finish_first, "get_weather", 0.1)
     assert not call_is_due([], "get_weather", 0.1)
+
+
+def test_a_call_is_due_too_while_the_best_tool_is_far_likelier_than_answering() -> None:
+    # The weather example's ranking after get_weather: FINISH just above the threshold.
+    ranking = [ToolScore("convert", 2.0, 0.70), ToolScore(FINISH, 1.0, 0.16), ToolScore("get_weather", 0.9, 0.14)]
+    assert not call_is_due(ranking, "get_weather", 0.15)  # the threshold alone
+    assert call_is_due(ranking, "get_weather", 0.15, ratio=2.5)  # 0.70 is over 2.5 x 0.16
+    assert not call_is_due(ranking, "get_weather", 0.15, ratio=5.0)
+    assert not call_is_due(ranking, "get_weather", None, ratio=2.5)  # off: the LLM may always answer
+    assert not call_is_due(ranking, "convert", 0.15, ratio=2.5)  # a poll or a retry
+    close = [ToolScore("convert", 2.0, 0.45), ToolScore(FINISH, 1.0, 0.25), ToolScore("get_weather", 0.9, 0.30)]
+    assert not call_is_due(close, "get_weather", 0.15, ratio=2.5)  # answering is nearly as likely

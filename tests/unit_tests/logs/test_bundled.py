@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from evoharness_agent.envs.tau_airline import airline_functions, load_airline_db
 from evoharness_agent.logs import bundled
 from evoharness_agent.logs.bundled import (
     BFCL_VARIANTS,
@@ -109,6 +110,15 @@ def test_tau2_airline_split() -> None:
     assert (len(train), len(test)) == (30, 20)
     assert sum(s.kind == "tool_call" for ep in episodes for s in ep.steps) == 142
     assert all(ep.steps[-1].action == FINISH and ep.task for ep in episodes)
+
+
+def test_tau2_airline_observations_are_the_airline_tools_results() -> None:
+    """tau2-bench logs no results: the converter replays each task's actions on a fresh airline database."""
+    for episode in read_native(tau2_airline_path()):
+        functions = airline_functions(load_airline_db())
+        for step in (s for s in episode.steps if s.kind == "tool_call"):
+            assert step.observation == functions[step.tool](**step.arguments), (episode.id, step.tool)
+            assert step.observation and not step.error
 
 
 def test_gpt4o_airline_split(gpt4o: list[Episode]) -> None:
