@@ -208,36 +208,37 @@ def tau2_task_text(scenario: dict[str, Any]) -> str:
     return "\n\n".join(part.strip() for part in parts if part and part.strip())
 
 
-def replay_airline(shared: Path, actions: list[dict[str, Any]]) -> list[Step]:
-    """Replay gold airline actions on a fresh copy of tau-bench's airline DB; return their steps and a FINISH.
+def replay_airline(database: str, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Replay gold airline actions on a fresh copy of ``database`` (JSON text); return tau-bench's replay entries.
 
-    tau2-bench publishes the airline tasks' gold actions without their results. The package's
-    airline tools reproduce tau-bench's own replay of its airline test tasks call for call,
-    on the same database, so they give each action the observation an agent would have read.
+    tau2-bench publishes the airline tasks' gold actions without their results (``replay`` is
+    null). The package's airline tools reproduce tau-bench's own replay of its airline test tasks
+    call for call, on the same database, so they give each action the observation an agent
+    would have read: ``{tool, arguments, observation, error}``, as tau-bench's replays are.
     """
-    data = {table: json.loads((shared / "tau_bench" / "db" / "airline" / f"{table}.json").read_text("utf-8"))
-            for table in AIRLINE_TABLES}
-    functions = airline_functions(data)
-    steps = []
+    functions = airline_functions(json.loads(database))
+    replay = []
     for action in actions:
-        observation = functions[action["name"]](**(action["arguments"] or {}))
-        steps.append(Step(kind="tool_call", tool=action["name"], arguments=action["arguments"] or {},
-                          observation=observation, error=bool(TAU_ERROR_RE.match(observation))))
-    steps.append(Step(kind="assistant", content=""))
-    return steps
+        arguments = action["arguments"] or {}
+        observation = functions[action["name"]](**arguments)
+        replay.append({"tool": action["name"], "arguments": arguments, "observation": observation,
+                       "error": bool(TAU_ERROR_RE.match(observation))})
+    return replay
 
 
 def convert_tau2_airline(shared: Path, out: Path) -> list[Path]:
     """Convert the tau2-bench airline tasks (gold actions, replayed on tau-bench's airline DB)."""
     tools = tau_airline_tools(shared)
-    rows = read_jsonl(shared / "tau2_bench" / "airline_tasks.jsonl")
+    # Read once; each task replays on its own fresh copy (its writes must not reach the next task).
+    database = json.dumps({table: json.loads((shared / "tau_bench" / "db" / "airline" / f"{table}.json")
+                                             .read_text("utf-8")) for table in AIRLINE_TABLES})
     episodes = []
-    for row in rows:
+    for row in read_jsonl(shared / "tau2_bench" / "airline_tasks.jsonl"):
         episodes.append(_check_tools(Episode(
             id=f"tau2_airline_{row['id']}",
             task=tau2_task_text(row["user_scenario"]),
             tools=tools,
-            steps=replay_airline(shared, row["gold_actions"]),
+            steps=_replayed_steps({**row, "replay": replay_airline(database, row["gold_actions"])}),
             reward=1.0,
             metadata={"benchmark": "tau2-bench", "domain": "airline", "task_id": row["id"],
                       "split": row["split"]},
