@@ -3,7 +3,9 @@
 For tau2-bench retail (74 tasks: 60 train -> 14 test, ``tau2_retail_split``) and BFCL
 multi-turn (scenarios 0 mod 5 held out, all four variants), both trained on the first 10, 25,
 50 and all training tasks (a seeded order of tasks; a BFCL task is a scenario with its
-variants), with the same config and steps, evaluated on the same held-out tasks. The default
+variants), with the same config (``training.steps`` unset, as ``train`` leaves it: 1,500 steps
+from scratch, about 100 passes over the training decisions from the default, within 500-1,500),
+evaluated on the same held-out tasks. The default
 it starts from never saw those held-out tasks (``scripts/train_default.py`` leaves them out).
 Reported side by side: top-1 over tool calls (FINISH excluded, as ``evaluate`` does) and
 the live top-1 over every decision with FINISH among the candidates; and, for those live
@@ -17,7 +19,7 @@ calibration folds; ``--calibration-folds 0`` fits the temperature on the validat
 six times faster).
 
 Usage: python benchmarks/fine_tune.py [--domains tau2_retail,bfcl] [--sizes 10,25,50,all]
-       [--steps 1500] [--calibration-folds 5] [--init default] [--json runs/fine_tune.json]
+       [--steps N] [--calibration-folds 5] [--init default] [--json runs/fine_tune.json]
        [--plot runs/fine_tune.png]
 """
 
@@ -64,7 +66,7 @@ def first_tasks(episodes: list[Episode], n: int | None, seed: int) -> list[Episo
     return [ep for key in order[:n] for ep in groups[key]]
 
 
-def measure(train: list[Episode], test: list[Episode], init: str | None, steps: int, folds: int, out: Path,
+def measure(train: list[Episode], test: list[Episode], init: str | None, steps: int | None, folds: int, out: Path,
             encoder: StateEncoder) -> dict[str, float]:
     """Train (from ``init`` or from scratch) and return top-1, live top-1 and calibration on ``test``."""
     # From scratch on the embeddings of the start's encoders: the two runs differ in their start only.
@@ -75,7 +77,8 @@ def measure(train: list[Episode], test: list[Episode], init: str | None, steps: 
     train_on_episodes(train, config, out, encoder=encoder, init=init, show_progress=False)
     policy = ToolPolicy.load(out, encoder=encoder)
     report = evaluate_offline(policy, test, train, encoder=encoder)
-    result = {"top1": report.metrics["policy"]["top1"], "top3": report.metrics["policy"]["top3"],
+    result = {"steps": policy.meta["config"]["training"]["steps"], "top1": report.metrics["policy"]["top1"],
+              "top3": report.metrics["policy"]["top3"],
               "live_top1": report.calibration.accuracy, "temperature": policy.temperature,
               "ece": report.calibration.ece, "coverage_at_95": report.calibration.coverage_at_95,
               "embedding_similarity_top1": report.metrics["embedding_similarity"]["top1"],
@@ -134,7 +137,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--domains", default="tau2_retail,bfcl")
     parser.add_argument("--sizes", default="10,25,50,all")
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="gradient steps of every run (default: training.steps unset, as `train` leaves it)")
     parser.add_argument("--calibration-folds", type=int, default=5,
                         help="cross-fitting folds of the temperature (0: the validation split alone)")
     parser.add_argument("--init", default="default")

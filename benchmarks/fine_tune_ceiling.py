@@ -4,7 +4,8 @@
 (tau2-bench retail 60 -> 14 tasks, BFCL scenarios 0 mod 5 held out). This script asks why that
 figure is what it is. For each domain, with the same training settings:
 
-* ``held out``: fine-tuned on the training tasks, scored on the held-out ones (the reported figure);
+* ``held out``: fine-tuned on the training tasks, scored on the held-out ones (the reported figure),
+  and again with other seeds (``--seeds``): how far a figure moves by the seed alone;
 * ``memorised``: fine-tuned on the training and the held-out tasks, scored on the held-out ones:
   what the model reaches when it has seen those very tasks (a generalisation gap, not capacity,
   is what lies between the two);
@@ -22,7 +23,7 @@ done, a tool the turn calls later, another tool). That is what bounds coverage a
 Top-1 is over tool calls (FINISH excluded), as ``evaluate`` counts it; "any order" counts a top
 choice the logged turn calls later as right too.
 
-Usage: python benchmarks/fine_tune_ceiling.py [--domains tau2_retail,bfcl] [--steps 1500]
+Usage: python benchmarks/fine_tune_ceiling.py [--domains tau2_retail,bfcl] [--steps N] [--seeds 3]
        [--json runs/fine_tune_ceiling.json]
 """
 
@@ -59,11 +60,12 @@ SHARES = (0.1, 0.3, 0.5, 1.0)
 """The most confident shares of live decisions whose errors are counted by kind."""
 
 
-def fine_tuned(train: list[Episode], init: str, steps: int, out: Path, encoder: StateEncoder) -> ToolPolicy:
+def fine_tuned(train: list[Episode], init: str, steps: int | None, out: Path, encoder: StateEncoder,
+               seed: int = 0) -> ToolPolicy:
     """Fine-tune from ``init`` on ``train`` (the temperature on the validation split alone) and load it."""
     config = TrainConfig.model_validate({"model": {"encoder": encoder.model_name, "step_encoder": encoder.step_model,
                                                    "max_seq_length": encoder.max_seq_length},
-                                         "training": {"steps": steps, "calibration_folds": 0},
+                                         "training": {"steps": steps, "calibration_folds": 0, "seed": seed},
                                          "logging": {"tensorboard": False}})
     train_on_episodes(train, config, out, encoder=encoder, init=init, show_progress=False)
     return ToolPolicy.load(out, encoder=encoder)
@@ -194,14 +196,24 @@ def error_kinds(policy: ToolPolicy, test: list[Episode]) -> dict[str, Any]:
     return {"top1_any_order": any_order / max(n_tool_calls, 1), "most_confident": shares}
 
 
-def ceilings(domain: str, steps: int, out: Path, encoder: StateEncoder) -> dict[str, Any]:
-    """Run every row for one domain."""
+def seed_spread(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Return the mean, standard deviation, lowest and highest of each figure over runs that differ in seed."""
+    return {key: {"mean": float(np.mean(values)), "sd": float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
+                  "min": float(np.min(values)), "max": float(np.max(values))}
+            for key in ("top1", "top3", "live_top1") for values in [[run[key] for run in runs]]}
+
+
+def ceilings(domain: str, steps: int | None, seeds: int, out: Path, encoder: StateEncoder) -> dict[str, Any]:
+    """Run every row for one domain (the held-out run with ``seeds`` seeds; seed 0 for the other rows)."""
     train, test = splits(domain)
     held_out = fine_tuned(train, "default", steps, out / "held_out", encoder)
     memorised = fine_tuned(train + test, "default", steps, out / "memorised", encoder)
     window = held_out.history_window
     train_points, test_points = logged_decisions(train, window), logged_decisions(test, window)
-    return {"held_out": offline_figures(held_out, test, train),
+    figures = offline_figures(held_out, test, train)
+    reseeded = [offline_figures(fine_tuned(train, "default", steps, out / f"held_out_seed{seed}", encoder, seed),
+                                test, train) for seed in range(1, seeds)]
+    return {"held_out": figures, "n_seeds": seeds, "held_out_seeds": seed_spread([figures, *reseeded]),
             "memorised": offline_figures(memorised, test, train),
             "training_fit": offline_figures(held_out, train, train),
             "logistic_regression_top1": logistic_regression_top1(train_points, test_points, encoder),
@@ -218,6 +230,9 @@ def print_domain(domain: str, result: dict[str, Any]) -> None:
         figures = result[row]
         table.add_row(row.replace("_", " "), f"{figures['top1']:.3f}", f"{figures['top3']:.3f}",
                       f"{figures['live_top1']:.3f}")
+    spread = result["held_out_seeds"]
+    table.add_row(f"held out, {result['n_seeds']} seeds: mean ± sd",
+                  *(f"{spread[key]['mean']:.3f} ± {spread[key]['sd']:.3f}" for key in ("top1", "top3", "live_top1")))
     table.add_row("held out, any order", f"{result['errors']['top1_any_order']:.3f}", "", "")
     table.add_row("logistic regression", f"{result['logistic_regression_top1']:.3f}", "", "")
     table.add_row("bigram", f"{result['held_out']['bigram_top1']:.3f}", "", "")
@@ -239,18 +254,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Run the ceilings for each domain, print them and write JSON."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--domains", default="tau2_retail,bfcl")
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="gradient steps (default: training.steps unset, as `train --init` leaves it)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds of the held-out run (its spread)")
     parser.add_argument("--out", type=Path, default=Path("runs/fine_tune_ceiling"))
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     encoder = ToolPolicy.load("default").encoder
     results = {}
     for domain in args.domains.split(","):
-        results[domain] = ceilings(domain, args.steps, args.out / domain, encoder)
+        results[domain] = ceilings(domain, args.steps, args.seeds, args.out / domain, encoder)
         print_domain(domain, results[domain])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"steps": args.steps, "domains": results}, indent=2))
+        args.json.write_text(json.dumps({"steps": args.steps, "seeds": args.seeds, "domains": results}, indent=2))
 
 
 if __name__ == "__main__":

@@ -113,7 +113,8 @@ def train(
     config: Annotated[Path | None, typer.Option(help="YAML config (sections: data, algorithm, "
                                                      "model, rewards, training, logging).")] = None,
     init: Annotated[Path | None, typer.Option(help="Fine-tune from this policy directory.")] = None,
-    steps: Annotated[int | None, typer.Option(help="Gradient steps.")] = None,
+    steps: Annotated[int | None, typer.Option(help="Gradient steps (default: 1500; with --init, about 100 passes "
+                                                   "over the training decisions, 500-1500).")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Batch size.")] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda, cuda:1 ...")] = None,
     threads: Annotated[int | None, typer.Option(help="CPU threads for training.")] = None,

@@ -34,7 +34,7 @@ from evoharness_agent.encoding.transitions import EmbeddingDtype
 from evoharness_agent.learning.networks import NetworkConfig
 from evoharness_agent.rewards import RewardConfig
 
-__all__ = ["TrainConfig", "load_config"]
+__all__ = ["FINE_TUNE_PASSES", "FINE_TUNE_STEPS", "SCRATCH_STEPS", "TrainConfig", "load_config"]
 
 
 class _Section(BaseModel):
@@ -147,12 +147,25 @@ class RewardSection(_Section):
         return RewardConfig(**self.model_dump())
 
 
+SCRATCH_STEPS = 1500
+"""Gradient steps of a run from scratch when ``training.steps`` is unset."""
+FINE_TUNE_PASSES = 100
+"""Passes over the training decisions of a fine-tune when ``training.steps`` is unset. Chosen on
+validation tasks of BFCL and tau2-bench retail, fine-tuning the policies that never saw either
+domain (``benchmarks/transfer.py``'s): the best of 100-3,000 steps was 250-500 on 52-1,042
+decisions and 1,500 on 3,896, about 100 passes wherever the 500-step floor does not bind."""
+FINE_TUNE_STEPS = (500, 1500)
+"""The fewest and most gradient steps of a fine-tune when ``training.steps`` is unset."""
+
+
 class TrainingSection(_Section):
     """The optimisation loop."""
 
     # CQL keeps improving to ~1500 steps on BFCL; BC and IQL memorise small logs past ~500.
-    steps: int = Field(default=1500, ge=1)
-    """Gradient steps."""
+    steps: int | None = Field(default=None, ge=1)
+    """Gradient steps. None: 1,500 from scratch; when fine-tuning (``--init``), about 100 passes over
+    the training decisions at the batch size, within 500-1,500 (:meth:`TrainingSection.resolved`): a
+    start that already ranks tools is overfit by 1,500 steps on a few hundred decisions."""
     batch_size: int = Field(default=256, ge=1)
     """Transitions per gradient step."""
     seed: int = 0
@@ -184,6 +197,23 @@ class TrainingSection(_Section):
         if folds == 1:
             raise ValueError("1 fold cannot hold a task out: use 0 (the validation split alone) or 2 or more")
         return folds
+
+    @property
+    def n_steps(self) -> int:
+        """Return ``steps`` once set (by the config, or by :meth:`resolved` when a run starts)."""
+        if self.steps is None:
+            raise ValueError("training.steps is unset until a run resolves it from its data (resolved())")
+        return self.steps
+
+    def resolved(self, n_decisions: int, *, fine_tuning: bool) -> TrainingSection:
+        """Return this section with ``steps`` set: as given, else by the rule ``steps: None`` describes."""
+        if self.steps is not None:
+            return self
+        steps = SCRATCH_STEPS
+        if fine_tuning:
+            low, high = FINE_TUNE_STEPS
+            steps = min(max(round(FINE_TUNE_PASSES * n_decisions / self.batch_size), low), high)
+        return self.model_copy(update={"steps": steps})
 
 
 class LoggingSection(_Section):

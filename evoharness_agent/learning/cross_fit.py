@@ -68,19 +68,19 @@ def cross_fitted_decisions(new_algorithm: Callable[[], Algorithm], dataset: Tran
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), disable=not show_progress)
     with progress:
-        bar = progress.add_task(f"cross-fit {len(folds)} folds", total=len(folds) * training.steps)
+        bar = progress.add_task(f"cross-fit {len(folds)} folds", total=len(folds) * training.n_steps)
         for k, held_out in enumerate(folds):
             path = store / f"fold_{k}.pt"
             if path.exists():
                 scored.append(ScoredDecisions(**torch.load(path, weights_only=True)))
-                progress.update(bar, advance=training.steps)
+                progress.update(bar, advance=training.n_steps)
                 continue
             keep = train_index[~torch.isin(train_index, held_out)]
             # Its own seed for the initial weights and dropout: a resumed run trains fold k as a fresh one did.
             torch.manual_seed(training.seed + 1 + k)
             algorithm = new_algorithm()
             generator = torch.Generator(device=device).manual_seed(training.seed + 1 + k)
-            for _ in range(training.steps):
+            for _ in range(training.n_steps):
                 batch = dataset.sample(training.batch_size, generator, keep)
                 with training_autocast(device, training.bf16):
                     algorithm.update(batch)

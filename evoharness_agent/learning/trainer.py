@@ -310,6 +310,9 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     dataset = dataset.to(device)
     train_index = _subset(dataset, train_ids).to(device)
     val_index = _subset(dataset, val_ids)
+    # Unset steps follow the data size when fine-tuning; the policy records the number used.
+    config = config.model_copy(update={"training": config.training.resolved(int(train_index.numel()),
+                                                                           fine_tuning=init is not None)})
 
     network = config.model.network()
     dims = Dims(dataset.state_dim, int(dataset.tools.embeddings.shape[1]), len(dataset.tools.specs))
@@ -340,7 +343,7 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(out / "tensorboard"), purge_step=start or None)
-    steps, log_every = config.training.steps, config.logging.log_every
+    steps, log_every = config.training.n_steps, config.logging.log_every
     log_file = out / "train_log.json"
     # After a resume the log continues the interrupted run's, minus steps that will be redone.
     history: list[dict[str, float]] = ([row for row in json.loads(log_file.read_text()) if row["step"] <= start]

@@ -38,10 +38,14 @@ def test_a_short_run_reports_every_row_and_counts_every_live_decision(
     train, test = tau2_retail_split(domain_episodes("tau2_retail"))
     monkeypatch.setattr(ceiling, "splits", lambda domain: (train[:6], test[:3]))
     out = tmp_path / "ceiling.json"
-    ceiling.main(["--domains", "tau2_retail", "--steps", "3", "--out", str(tmp_path / "runs"), "--json", str(out)])
+    ceiling.main(["--domains", "tau2_retail", "--steps", "3", "--seeds", "2", "--out", str(tmp_path / "runs"),
+                  "--json", str(out)])
     result = json.loads(out.read_text())["domains"]["tau2_retail"]
     for row in ("held_out", "memorised", "training_fit"):
         assert 0.0 <= result[row]["top1"] <= result[row]["top3"] <= 1.0
+    spread = result["held_out_seeds"]["top1"]
+    assert spread["min"] <= result["held_out"]["top1"] <= spread["max"]  # seed 0 is one of the seeds
+    assert spread["min"] <= spread["mean"] <= spread["max"] and spread["sd"] >= 0.0
     assert 0.0 <= result["logistic_regression_top1"] <= 1.0
     assert result["consistent_states_top1"] == 1.0  # tau2 retail's tasks share no state
     everything = result["errors"]["most_confident"]["100%"]

@@ -36,13 +36,15 @@ def test_transfer_table_names_the_domains_whose_logs_record_only_some_tools() ->
 
 
 def test_fine_tune_table_has_both_starts_and_marks_runs_without_calibration() -> None:
-    result = {"top1": 0.6, "top3": 0.8, "live_top1": 0.62, "embedding_similarity_top1": 0.2}
+    result = {"steps": 1500, "top1": 0.6, "top3": 0.8, "live_top1": 0.62, "embedding_similarity_top1": 0.2}
     fine_tune = {"tau2_retail": [{"n_tasks": 10, "scratch": result,
-                                  "default": {**result, "top1": 0.7, "ece": 0.2, "coverage_at_95": 0.04}}]}
+                                  "default": {**result, "steps": 500, "top1": 0.7, "ece": 0.2,
+                                              "coverage_at_95": 0.04}}]}
     for document in (fine_tune, {"start": {"policy": "default", "weights_sha256": "ab" * 32}, "domains": fine_tune}):
         lines = model_card._fine_tune(document, "ab" * 32)
-        assert "| tau2_retail | 10 | default | 0.700 | 0.800 | 0.620 | 0.200 | 0.040 | 0.200 |" in lines
-        assert "| tau2_retail | 10 | scratch | 0.600 | 0.800 | 0.620 | not measured | not measured | 0.200 |" in lines
+        assert "| tau2_retail | 10 | default | 500 | 0.700 | 0.800 | 0.620 | 0.200 | 0.040 | 0.200 |" in lines
+        assert ("| tau2_retail | 10 | scratch | 1500 | 0.600 | 0.800 | 0.620 | not measured | not measured | 0.200 |"
+                in lines)
     assert model_card._fine_tune(None, "ab" * 32)[-1] == "Not measured (run `benchmarks/fine_tune.py --json`)."
 
 
@@ -112,3 +114,12 @@ def test_shipped_card_is_what_the_committed_measurements_give() -> None:
     expected = model_card.card(policy, document("train"), document("transfer"), document("zero_shot"),
                                document("fine_tune"))
     assert (policy / "MODEL_CARD.md").read_text() == expected, "run `python scripts/model_card.py`"
+
+
+def test_fine_tune_rows_without_their_own_steps_take_the_runs_config() -> None:
+    # JSON written before each run recorded its steps: the config's steps were every run's.
+    result = {"top1": 0.6, "top3": 0.8, "live_top1": 0.62, "embedding_similarity_top1": 0.2}
+    document = {"start": {"policy": "default", "weights_sha256": "ab" * 32}, "config": {"steps": 1500},
+                "domains": {"bfcl": [{"n_tasks": 10, "scratch": result, "default": result}]}}
+    assert "| bfcl | 10 | default | 1500 | 0.600 | 0.800 | 0.620 | not measured | not measured | 0.200 |" in (
+        model_card._fine_tune(document, "ab" * 32))

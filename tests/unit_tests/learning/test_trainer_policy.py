@@ -14,7 +14,7 @@ import evoharness_agent.learning.precision as precision
 import evoharness_agent.learning.trainer as trainer_module
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.transitions import build_dataset
-from evoharness_agent.learning.config import TrainConfig, load_config
+from evoharness_agent.learning.config import FINE_TUNE_STEPS, SCRATCH_STEPS, TrainConfig, TrainingSection, load_config
 from evoharness_agent.learning.trainer import train_on_episodes
 from evoharness_agent.policy import PolicySession, ToolPolicy
 from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
@@ -344,6 +344,29 @@ def test_init_fine_tunes_from_policy_matching_bias_rows_by_name(
             train_on_episodes(episodes, make_config(steps=1, model=model), tmp_path / "refused", encoder=encoder,
                               init=ruled, show_progress=False)
     assert not (tmp_path / "refused" / "policy.json").exists()
+
+
+def test_unset_steps_are_1500_from_scratch_and_about_100_passes_when_fine_tuning() -> None:
+    unset = TrainingSection()  # batch 256
+    assert unset.resolved(300, fine_tuning=False).n_steps == SCRATCH_STEPS == 1500
+    assert unset.resolved(300, fine_tuning=True).n_steps == FINE_TUNE_STEPS[0] == 500  # 117 passes' worth: floored
+    assert unset.resolved(2_560, fine_tuning=True).n_steps == 1000  # 100 passes of 2,560 decisions, 256 at a time
+    assert unset.resolved(40_000, fine_tuning=True).n_steps == FINE_TUNE_STEPS[1] == 1500
+    assert TrainingSection(steps=7).resolved(40_000, fine_tuning=True).n_steps == 7  # a number given is kept
+    with pytest.raises(ValueError, match="unset until a run resolves it"):
+        _ = unset.n_steps
+
+
+def test_a_fine_tune_with_unset_steps_records_the_steps_it_took(
+        trained: tuple[Path, dict], tmp_path: Path, encoder: StateEncoder) -> None:
+    base_dir, _ = trained
+    config = make_config()
+    config = config.model_copy(update={"training": config.training.model_copy(update={"steps": None})})
+    out = tmp_path / "tuned"
+    train_on_episodes(synthetic_episodes()[:6], config, out, encoder=encoder, init=base_dir, show_progress=False)
+    meta = json.loads((out / "policy.json").read_text())
+    assert meta["config"]["training"]["steps"] == FINE_TUNE_STEPS[0]  # a few decisions: the floor
+    assert json.loads((out / "train_log.json").read_text())[-1]["step"] == FINE_TUNE_STEPS[0]
 
 
 def test_bf16_autocast_only_where_native(monkeypatch: pytest.MonkeyPatch) -> None:
