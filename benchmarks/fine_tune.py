@@ -66,15 +66,21 @@ def first_tasks(episodes: list[Episode], n: int | None, seed: int) -> list[Episo
     return [ep for key in order[:n] for ep in groups[key]]
 
 
+def run_config(encoder: StateEncoder, steps: int | None, *, folds: int = 0, seed: int = 0) -> TrainConfig:
+    """Return the config of a run on ``encoder``'s embeddings (``steps`` None: unset, as ``train`` leaves it)."""
+    # From scratch on the embeddings of the start's encoders: a run from scratch and a fine-tune differ in their
+    # start only.
+    return TrainConfig.model_validate({"model": {"encoder": encoder.model_name, "step_encoder": encoder.step_model,
+                                                 "max_seq_length": encoder.max_seq_length},
+                                       "training": {"steps": steps, "calibration_folds": folds, "seed": seed},
+                                       "logging": {"tensorboard": False}})
+
+
 def measure(train: list[Episode], test: list[Episode], init: str | None, steps: int | None, folds: int, out: Path,
             encoder: StateEncoder) -> dict[str, float]:
     """Train (from ``init`` or from scratch) and return top-1, live top-1 and calibration on ``test``."""
-    # From scratch on the embeddings of the start's encoders: the two runs differ in their start only.
-    config = TrainConfig.model_validate({"model": {"encoder": encoder.model_name, "step_encoder": encoder.step_model,
-                                                   "max_seq_length": encoder.max_seq_length},
-                                         "training": {"steps": steps, "calibration_folds": folds},
-                                         "logging": {"tensorboard": False}})
-    train_on_episodes(train, config, out, encoder=encoder, init=init, show_progress=False)
+    train_on_episodes(train, run_config(encoder, steps, folds=folds), out, encoder=encoder, init=init,
+                      show_progress=False)
     policy = ToolPolicy.load(out, encoder=encoder)
     report = evaluate_offline(policy, test, train, encoder=encoder)
     result = {"steps": policy.meta["config"]["training"]["steps"], "top1": report.metrics["policy"]["top1"],

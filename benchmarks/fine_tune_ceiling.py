@@ -44,13 +44,12 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # fine_tune.py, beside this script
 
-from fine_tune import splits  # noqa: E402
+from fine_tune import run_config, splits  # noqa: E402
 
 from evoharness_agent.encoding.embedder import StateEncoder  # noqa: E402
 from evoharness_agent.encoding.state import Decision, decisions  # noqa: E402
 from evoharness_agent.evaluation.offline import evaluate_offline  # noqa: E402
 from evoharness_agent.learning.calibration import softmax_with_temperature  # noqa: E402
-from evoharness_agent.learning.config import TrainConfig  # noqa: E402
 from evoharness_agent.learning.trainer import train_on_episodes  # noqa: E402
 from evoharness_agent.policy import ToolPolicy  # noqa: E402
 from evoharness_agent.schema import FINISH, Episode  # noqa: E402
@@ -63,11 +62,8 @@ SHARES = (0.1, 0.3, 0.5, 1.0)
 def fine_tuned(train: list[Episode], init: str, steps: int | None, out: Path, encoder: StateEncoder,
                seed: int = 0) -> ToolPolicy:
     """Fine-tune from ``init`` on ``train`` (the temperature on the validation split alone) and load it."""
-    config = TrainConfig.model_validate({"model": {"encoder": encoder.model_name, "step_encoder": encoder.step_model,
-                                                   "max_seq_length": encoder.max_seq_length},
-                                         "training": {"steps": steps, "calibration_folds": 0, "seed": seed},
-                                         "logging": {"tensorboard": False}})
-    train_on_episodes(train, config, out, encoder=encoder, init=init, show_progress=False)
+    train_on_episodes(train, run_config(encoder, steps, seed=seed), out, encoder=encoder, init=init,
+                      show_progress=False)
     return ToolPolicy.load(out, encoder=encoder)
 
 

@@ -29,11 +29,10 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # fine_tune.py, beside this script
 
-from fine_tune import first_tasks, splits  # noqa: E402
+from fine_tune import first_tasks, run_config, splits  # noqa: E402
 
 from evoharness_agent.encoding.embedder import StateEncoder  # noqa: E402
 from evoharness_agent.evaluation.offline import evaluate_offline  # noqa: E402
-from evoharness_agent.learning.config import TrainConfig  # noqa: E402
 from evoharness_agent.learning.trainer import task_group, train_on_episodes  # noqa: E402
 from evoharness_agent.policy import ToolPolicy  # noqa: E402
 from evoharness_agent.schema import Episode  # noqa: E402
@@ -64,12 +63,9 @@ def sweep(domain: str, sizes: list[int | None], steps: list[int], seeds: int, st
             for seed in range(seeds):
                 subset = first_tasks(inner, size, seed)
                 decisions = sum(step.is_decision for episode in subset for step in episode.steps)
-                config = TrainConfig.model_validate({
-                    "model": {"encoder": encoder.model_name, "step_encoder": encoder.step_model,
-                              "max_seq_length": encoder.max_seq_length},
-                    "training": {"steps": n_steps, "seed": seed}, "logging": {"tensorboard": False}})
                 run = out / domain / f"{size or 'all'}_{n_steps}_{seed}"
-                train_on_episodes(subset, config, run, encoder=encoder, init=start, show_progress=False)
+                train_on_episodes(subset, run_config(encoder, n_steps, seed=seed), run, encoder=encoder, init=start,
+                                  show_progress=False)
                 report = evaluate_offline(ToolPolicy.load(run, encoder=encoder), validation, inner, encoder=encoder)
                 figures.append([report.metrics["policy"]["top1"], report.metrics["policy"]["top3"],
                                 report.calibration.accuracy])

@@ -147,6 +147,7 @@ class RewardSection(_Section):
         return RewardConfig(**self.model_dump())
 
 
+# CQL keeps improving to ~1500 steps on BFCL; BC and IQL memorise small logs past ~500.
 SCRATCH_STEPS = 1500
 """Gradient steps of a run from scratch when ``training.steps`` is unset."""
 FINE_TUNE_PASSES = 100
@@ -161,7 +162,6 @@ FINE_TUNE_STEPS = (500, 1500)
 class TrainingSection(_Section):
     """The optimisation loop."""
 
-    # CQL keeps improving to ~1500 steps on BFCL; BC and IQL memorise small logs past ~500.
     steps: int | None = Field(default=None, ge=1)
     """Gradient steps. None: 1,500 from scratch; when fine-tuning (``--init``), about 100 passes over
     the training decisions at the batch size, within 500-1,500 (:meth:`TrainingSection.resolved`): a
