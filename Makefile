@@ -34,7 +34,7 @@ test: venv
 	$(PY) -m pytest -q tests -p no:cacheprovider
 
 test-slow: venv $(VENV)/.model2vec
-	$(PIP) install -q -e '.[dev,local,server,onnx,ray]'
+	$(PIP) install -q -e '.[dev,local,server,onnx,ray,bench]'
 	$(PY) -m pytest -q -m slow tests
 
 # model2vec's distillation (scripts/distill_static_encoder.py); --no-deps because model2vec[distill]
@@ -58,7 +58,7 @@ step-model: $(VENV)/.model2vec
 
 bench: venv
 	$(PIP) install -q -e '.[dev,bench]'
-	$(PY) benchmarks/train_throughput.py
+	$(PY) benchmarks/train_throughput.py --threads 1 --compile
 
 # Rebuild the shipped general policy and its model card: train on every domain's training split,
 # then measure transfer (leave one domain out), the zero-shot suite and fine-tuning, all written as JSON.

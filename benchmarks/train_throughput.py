@@ -34,6 +34,14 @@ Two figures per learner:
 
 The printed notes say what differs between the models. Figures only: nothing is asserted
 about speed (the same-MLP's parameter count and initial outputs are checked against d3rlpy's).
+
+The arithmetic ceiling: the floor's update is counted in floating-point operations per
+transition (``torch.utils.flop_counter``; the same-MLP and d3rlpy do the same products), and
+this machine's matrix-multiply rate is measured on the update's largest product at the same
+batch size and threads. No loop doing this arithmetic runs faster than that rate, so
+``ceiling/d3rlpy`` = matmul rate / d3rlpy's rate is the most any loop can gain over d3rlpy here.
+``--compile`` adds ``floor-compiled``: the floor's update under ``torch.compile`` (inductor's
+fused C++ kernels), to see whether fusing the small operations beats eager PyTorch.
 """
 
 from __future__ import annotations
@@ -78,6 +86,7 @@ HISTORY_WINDOW = 0
 """No history slots: the state is the fixed slots (request, previous tool, task) plus the features."""
 N_SLOTS = n_slots(HISTORY_WINDOW)
 LEARNERS = ("ours", "same-mlp", "d3rlpy", "floor")
+COMPILED = "floor-compiled"
 
 
 @dataclass
@@ -147,8 +156,9 @@ class PlainQ(nn.Module):
         self.register_buffer("columns", torch.arange(n_actions), persistent=False)
 
     def forward(self, states: torch.Tensor, tool_embeddings: torch.Tensor, tool_ids: torch.Tensor | None = None,
-                pairs: torch.Tensor | None = None, candidates: torch.Tensor | None = None) -> torch.Tensor:
-        """Return ``(B, N)`` Q-values; the tools asked for must be the N actions in order."""
+                pairs: torch.Tensor | None = None, candidates: torch.Tensor | None = None, *,
+                acting: bool = False) -> torch.Tensor:
+        """Return ``(B, N)`` Q-values; the tools asked for must be the N actions in order (no decision rules)."""
         assert tool_embeddings.shape[0] == self.n_actions
         if candidates is not None:
             in_order = torch.equal(candidates, self.columns.expand(candidates.shape[0], -1))
@@ -207,7 +217,7 @@ class SameMlp(Ours):
         algo = self.algo
         algo.modules["q"] = q
         algo.modules["q_target"] = copy.deepcopy(q).requires_grad_(False)
-        algo.optimizer = adam([q], algo.config.lr)
+        # The algorithm makes its Adam on the first update, over the modules it holds then: this MLP.
         algo.set_training(True)
         self.input_dim = theirs.input_dim
         self.check_outputs(data, theirs)
@@ -326,7 +336,42 @@ class Floor:
         return [self.q]
 
 
+class CompiledFloor(Floor):
+    """The floor's update under ``torch.compile``: the same arithmetic, its small operations fused."""
+
+    name = COMPILED
+
+    def __init__(self, data: Synthetic, batch_size: int, seed: int, bf16: bool, theirs: Theirs) -> None:
+        """Build the floor, then compile its update (the first calls, in the warm-up, pay for compiling)."""
+        super().__init__(data, batch_size, seed, bf16, theirs)
+        self.update = torch.compile(self.update)  # type: ignore[method-assign]
+
+
 Learner = Ours | Theirs | Floor
+
+
+def flops_per_transition(floor: Floor) -> float:
+    """Floating-point operations of one floor update (forward, backward, Adam) per transition."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    learner = copy.deepcopy(floor)  # counting runs a real step: keep the timed learner's weights as they are
+    with FlopCounterMode(display=False) as counter:
+        learner.update(learner.fixed)
+    return counter.get_total_flops() / learner.batch_size
+
+
+def matmul_gflops(batch_size: int, input_dim: int, repeats: int = 200) -> float:
+    """This machine's fp32 matrix-multiply rate (GFLOP/s) on the update's largest product, best of three."""
+    states, weights = torch.randn(batch_size, input_dim), torch.randn(input_dim, HIDDEN)
+    for _ in range(10):
+        states @ weights
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            states @ weights
+        best = min(best, (time.perf_counter() - start) / repeats)
+    return 2 * batch_size * input_dim * HIDDEN / best / 1e9
 
 
 def timed(learner: Learner, updates: int, resample: bool) -> float:
@@ -391,6 +436,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true", help="also profile our update at each batch size")
     parser.add_argument("--no-bf16", dest="bf16", action="store_false",
                         help="keep our updates in fp32 (the trainer's training.bf16: false)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the floor's update under torch.compile (floor-compiled)")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -407,12 +454,17 @@ def main(argv: list[str] | None = None) -> None:
         same_learner = SameMlp(data, batch_size, args.seed, args.bf16, their_learner, args.same_input)
         floor_learner = Floor(data, batch_size, args.seed, args.bf16, their_learner)
         learners: list[Learner] = [ours_learner, same_learner, their_learner, floor_learner]
+        if args.compile:
+            learners.append(CompiledFloor(data, batch_size, args.seed, args.bf16, their_learner))
         counts = {learner.name: parameters(learner) for learner in learners}
         assert counts["same-mlp"] == counts["d3rlpy"] == counts["floor"], counts
+        flops = flops_per_transition(floor_learner)
+        matmul = matmul_gflops(batch_size, their_learner.input_dim)
         updates = args.updates or (20 if batch_size <= 512 else 5)
         for mode, resample in (("sample+update", True), ("update", False)):
             rates = interleaved(learners, updates, args.rounds, args.warmup, resample)
-            medians = {name: statistics.median(rates[name]) for name in LEARNERS}
+            medians = {name: statistics.median(values) for name, values in rates.items()}
+            d3rlpy_gflops = medians["d3rlpy"] * flops / 1e9
             results.append({
                 "batch_size": batch_size, "mode": mode, "updates_per_round": updates,
                 "transitions_per_s": medians, "rounds": rates,
@@ -420,6 +472,9 @@ def main(argv: list[str] | None = None) -> None:
                 "ratio_same_mlp_over_d3rlpy": medians["same-mlp"] / medians["d3rlpy"],
                 "ratio_floor_over_d3rlpy": medians["floor"] / medians["d3rlpy"],
                 "ratio_same_mlp_over_floor": medians["same-mlp"] / medians["floor"],
+                "flops_per_transition": flops, "matmul_gflops": matmul,
+                "gflops": {name: rate * flops / 1e9 for name, rate in medians.items() if name != "ours"},
+                "ratio_ceiling_over_d3rlpy": matmul / d3rlpy_gflops,
             })
         if args.profile:
             print(f"\n-- profile of our update, batch {batch_size} --")
@@ -442,6 +497,16 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{row['batch_size']:>6}  {row['mode']:<14}{rate['ours']:>12,.0f}{rate['same-mlp']:>15,.0f}"
               f"{rate['d3rlpy']:>13,.0f}{rate['floor']:>12,.0f}{row['ratio_ours_over_d3rlpy']:>12.2f}x"
               f"{row['ratio_same_mlp_over_d3rlpy']:>16.2f}x{row['ratio_floor_over_d3rlpy']:>13.2f}x")
+    print("\nThe arithmetic ceiling (the same products as the floor; ours does more):")
+    for row in results:
+        rate, gflops = row["transitions_per_s"], row["gflops"]
+        compiled = (f"; floor-compiled {rate[COMPILED]:,.0f} tr/s ({rate[COMPILED] / rate['floor']:.2f}x the floor)"
+                    if COMPILED in rate else "")
+        mflops = row["flops_per_transition"] / 1e6
+        print(f"  batch {row['batch_size']}, {row['mode']}: {mflops:.2f} MFLOP a transition; "
+              f"d3rlpy {gflops['d3rlpy']:.1f}, floor {gflops['floor']:.1f} GFLOP/s against this machine's matmul "
+              f"{row['matmul_gflops']:.1f} GFLOP/s: any loop at most {row['ratio_ceiling_over_d3rlpy']:.2f}x d3rlpy"
+              f"{compiled}")
     slots = ", ".join(FIXED_SLOTS)
     reads = "our whole state" if args.same_input else "the request slot of our state"
     print(f"""

@@ -153,8 +153,9 @@ SCRATCH_STEPS = 1500
 FINE_TUNE_PASSES = 100
 """Passes over the training decisions of a fine-tune when ``training.steps`` is unset. Chosen on
 validation tasks of BFCL and tau2-bench retail, fine-tuning the policies that never saw either
-domain (``benchmarks/transfer.py``'s): the best of 100-3,000 steps was 250-500 on 52-1,042
-decisions and 1,500 on 3,896, about 100 passes wherever the 500-step floor does not bind."""
+domain (``benchmarks/transfer.py``'s): the best of 250-1,500 steps was 250-500 on 52-1,042
+decisions and 1,500 on 3,896 (3,000 there: 0.01 lower), about 100 passes wherever the 500-step
+floor does not bind (``benchmarks/fine_tune_steps.py``)."""
 FINE_TUNE_STEPS = (500, 1500)
 """The fewest and most gradient steps of a fine-tune when ``training.steps`` is unset."""
 

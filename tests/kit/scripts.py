@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -14,5 +15,7 @@ def load_script(name: str, folder: str = "scripts") -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    # Registered before it runs, as an import would: a dataclass looks its module up by name.
+    sys.modules.setdefault(name, module)
     spec.loader.exec_module(module)
     return module
