@@ -351,7 +351,11 @@ Learner = Ours | Theirs | Floor
 
 
 def flops_per_transition(floor: Floor) -> float:
-    """Floating-point operations of one floor update (forward, backward, Adam) per transition."""
+    """Floating-point operations of one floor update's matrix products a transition (three forwards, one backward).
+
+    ``FlopCounterMode`` counts matrix products only. The element-wise rest (activations, the
+    losses, Adam, Polyak) is left out, so the ceiling it gives is generous: the true one is lower.
+    """
     from torch.utils.flop_counter import FlopCounterMode
 
     learner = copy.deepcopy(floor)  # counting runs a real step: keep the timed learner's weights as they are
