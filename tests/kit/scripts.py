@@ -15,7 +15,8 @@ def load_script(name: str, folder: str = "scripts") -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    # Registered before it runs, as an import would: a dataclass looks its module up by name.
-    sys.modules.setdefault(name, module)
+    # Registered before it runs, as an import would (importlib's own recipe): a dataclass looks its
+    # module up by name, and must find this one, not an earlier module of that name.
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
