@@ -358,8 +358,9 @@ class StateEncoder:
                     vectors = static({key: value.to(model.device) for key, value in features.items()})
                     chunks.append(torch.nn.functional.normalize(vectors["sentence_embedding"], dim=-1).cpu())
             return torch.cat(chunks).numpy() if chunks else np.zeros((0, static.embedding_dim), dtype=np.float32)
+        # A bar for one batch is noise beside the trainer's own progress.
         options = {"batch_size": self.batch_size, "convert_to_numpy": True, "normalize_embeddings": True,
-                   "show_progress_bar": show_progress}
+                   "show_progress_bar": show_progress and len(texts) > self.batch_size}
         if processes <= 1 or len(texts) < processes * self.batch_size:
             return model.encode(texts, **options)
         device = model.device

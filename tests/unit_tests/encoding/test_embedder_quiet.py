@@ -33,3 +33,11 @@ def test_info_logging_asks_for_the_progress_bar(capfd: pytest.CaptureFixture[str
     finally:
         logger.setLevel(previous)
     assert "Loading weights" in capfd.readouterr().err
+
+
+def test_the_encode_bar_shows_only_for_more_than_one_batch(capfd: pytest.CaptureFixture[str]) -> None:
+    encoder = StateEncoder(cache_dir=False, batch_size=4)
+    encoder.embed(["one", "two", "three"], show_progress=True)
+    assert "Batches" not in capfd.readouterr().err
+    encoder.embed([f"text {i}" for i in range(9)], show_progress=True)
+    assert "Batches" in capfd.readouterr().err
