@@ -77,7 +77,10 @@ def main() -> None:
             episodes = [ep for ep in train if (ep.reward or 0) >= 1.0] if algo == "bc_success" else train
             config = TrainConfig.model_validate({
                 "algorithm": {"name": "bc" if algo == "bc_success" else algo},
-                "training": {"steps": args.steps, "seed": args.seed}, "logging": {"tensorboard": False}})
+                # Rankings only: no temperature is reported, so no cross-fitting (tau2 and the gpt-4o runs
+                # have validation splits small enough for "auto" to train five more models each).
+                "training": {"steps": args.steps, "seed": args.seed, "calibration_folds": 0},
+                "logging": {"tensorboard": False}})
             run_dir = args.out / name / algo
             train_on_episodes(episodes, config, run_dir, encoder=encoder, show_progress=False)
             policy = ToolPolicy.load(run_dir, encoder=encoder)

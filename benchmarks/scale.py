@@ -133,7 +133,7 @@ def run_variant(logs: Path, variant: str, steps: int, batch_size: int, encode_pr
     config = TrainConfig.model_validate({
         "data": {**VARIANTS[variant], "encode_processes": encode_processes},
         "training": {"steps": steps, "batch_size": batch_size, "device": "cpu", "threads": 1,
-                     "eval_every": steps, "checkpoint_every": steps},
+                     "eval_every": steps, "checkpoint_every": steps, "calibration_folds": 0},  # one run timed
         "logging": {"tensorboard": False},
     })
     with tempfile.TemporaryDirectory(prefix="scale-") as scratch:

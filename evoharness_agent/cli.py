@@ -124,8 +124,9 @@ def train(
     default_reward: Annotated[float | None, typer.Option(help="Reward of episodes that have none.")] = None,
     calibration_folds: Annotated[str | None, typer.Option(
         help="Fit the confidence temperature on K out-of-fold models' decisions too (K more trainings; for "
-             "logs of a few tasks, where the validation split is a task or two). 'domain': one model without "
-             "each domain of the logs, for a policy meant for new tools. 0: the validation split alone.")
+             "logs of a few tasks, where the validation split is a task or two). 'auto' (default): 5 when the "
+             "validation split holds fewer than 200 decisions, else 0. 'domain': one model without each domain "
+             "of the logs, for a policy meant for new tools. 0: the validation split alone.")
     ] = None,
     nproc_per_node: Annotated[int, typer.Option(
         min=1, help="Data-parallel processes on this machine (gloo on CPU, nccl on GPU); the batch size is the "
@@ -155,7 +156,10 @@ def train(
     from evoharness_agent.learning.calibration import FEW_DECISIONS, cross_fitted
 
     fit_on = result.get("n_calibration_decisions", 0)
-    if 0 < fit_on < FEW_DECISIONS and not cross_fitted(result):
+    if cross_fitted(result):
+        console.print(f"the confidence temperature was fit on {fit_on} decisions, {result['n_out_of_fold']} of "
+                      "them scored out of fold (by a model that had not trained on them)")
+    elif 0 < fit_on < FEW_DECISIONS:
         console.print(f"[yellow]the confidence temperature was fit on {fit_on} validation decisions "
                       "only: with logs of a few tasks, --calibration-folds 5 fits it on every training decision "
                       "too, scored out of fold (5 more trainings)[/]")

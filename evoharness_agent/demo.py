@@ -77,7 +77,11 @@ def run_demo(out: str | Path, *, steps: int = 1500, agent: bool = True, policy_d
                   "(split by scenario number, never by step)")
     reports: dict[str, Any] = {}
     for algo in ("bc", "cql"):
-        config = TrainConfig.model_validate({"algorithm": {"name": algo}, "training": {"steps": steps}})
+        # The validation split's temperature alone: its 126 decisions would make "auto" cross-fit, six
+        # trainings instead of one (5.5 minutes instead of 1 here) for the same held-out ECE (CQL 0.116
+        # against 0.117; BC 0.181, under-confident, against 0.134).
+        config = TrainConfig.model_validate({"algorithm": {"name": algo},
+                                             "training": {"steps": steps, "calibration_folds": 0}})
         train_on_episodes(train_set, config, out / algo)
         policy = ToolPolicy.load(out / algo)
         report = evaluate_offline(policy, test_set, train_set)

@@ -49,14 +49,21 @@ __all__ = [
 
 N_BINS = 15
 FEW_DECISIONS = 200
-"""Below this many validation decisions ``train`` suggests cross-fitting the temperature
-(``training.calibration_folds``): fit on fewer it is mostly noise (tau2-bench retail, 10 training tasks:
-2 validation decisions, ECE 0.45 on the held-out tasks)."""
+"""Below this many validation decisions ``train`` cross-fits the temperature (``training.calibration_folds:
+auto``): fit on fewer it is mostly noise (tau2-bench retail, 10 training tasks: 2 validation decisions,
+ECE 0.45 on the held-out tasks)."""
 MIN_TEMPERATURE, MAX_TEMPERATURE = 0.05, 100.0
 
 
 def fit_temperature(scores: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor) -> float:
     """Return the ``T`` minimising the NLL of ``actions`` under ``softmax(scores / T)`` over ``mask``.
+
+    The logged action's target is ``(n + 1) / (n + 2)`` for ``n`` decisions with a choice, not 1, and
+    the rest goes to the other available actions together (Platt's correction of the targets, 1999):
+    on a few decisions that are all right, a plain NLL drives ``T`` to its floor and every
+    probability to 1.000 (12 made-up clinic conversations, fine-tuned from the default: 44
+    decisions, T = 0.045), while 44 right of 44 is no proof of a 0% error rate. On hundreds of
+    decisions it changes ``T`` by a fraction of a percent.
 
     Args:
         scores: ``(n, N)`` raw scores of every action.
@@ -64,16 +71,24 @@ def fit_temperature(scores: torch.Tensor, actions: torch.Tensor, mask: torch.Ten
         mask: ``(n, N)`` the available actions (the logged one among them).
 
     """
-    if scores.shape[0] == 0:
+    n = scores.shape[0]
+    if n == 0:
         return 1.0
     scores = scores.detach().float().cpu()
     mask = mask.cpu()
     actions = actions.cpu()
+    others = mask.clone()
+    others[torch.arange(n), actions] = False
+    choice = others.any(1)  # a lone available action keeps its target of 1, and is not counted in n
+    spread = torch.where(choice, 1.0 / (int(choice.sum()) + 2), 0.0)
+
     # One parameter: a grid in log T, then a finer grid around the best point, is exact enough
     # and cannot diverge (LBFGS on a few hundred decisions can).
     def nll(log_t: float) -> float:
-        logits = (scores / float(np.exp(log_t))).masked_fill(~mask, -torch.inf)
-        return float(-torch.log_softmax(logits, dim=-1).gather(1, actions[:, None]).mean())
+        log_p = torch.log_softmax((scores / float(np.exp(log_t))).masked_fill(~mask, -torch.inf), dim=-1)
+        logged = log_p.gather(1, actions[:, None]).squeeze(1)
+        rest = torch.logsumexp(log_p.masked_fill(~others, -torch.inf), dim=1).clamp(min=-1e4)  # log(1 - p)
+        return float(-((1.0 - spread) * logged + spread * rest).mean())
 
     grid = np.linspace(np.log(MIN_TEMPERATURE), np.log(MAX_TEMPERATURE), 81)
     best = float(grid[int(np.argmin([nll(x) for x in grid]))])

@@ -31,10 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from evoharness_agent.encoding.embedder import DEFAULT_MODEL, StateEncoder
 from evoharness_agent.encoding.ray_encoding import RayEncoding
 from evoharness_agent.encoding.transitions import EmbeddingDtype
+from evoharness_agent.learning.calibration import FEW_DECISIONS
 from evoharness_agent.learning.networks import NetworkConfig
 from evoharness_agent.rewards import RewardConfig
 
-__all__ = ["FINE_TUNE_PASSES", "FINE_TUNE_STEPS", "SCRATCH_STEPS", "TrainConfig", "load_config"]
+__all__ = ["AUTO_FOLDS", "FINE_TUNE_PASSES", "FINE_TUNE_STEPS", "SCRATCH_STEPS", "TrainConfig", "load_config"]
 
 
 class _Section(BaseModel):
@@ -158,6 +159,8 @@ decisions and 1,500 on 3,896 (3,000 there: 0.01 lower), about 100 passes whereve
 floor does not bind (``benchmarks/fine_tune_steps.py``)."""
 FINE_TUNE_STEPS = (500, 1500)
 """The fewest and most gradient steps of a fine-tune when ``training.steps`` is unset."""
+AUTO_FOLDS = 5
+"""Cross-fitting folds of ``training.calibration_folds: auto`` when the validation split is small."""
 
 
 class TrainingSection(_Section):
@@ -181,20 +184,22 @@ class TrainingSection(_Section):
     """Steps between atomic checkpoints (``--resume`` continues from the last)."""
     bf16: bool = True
     """bf16 autocast for updates where bf16 is native (GPUs; CPUs with AVX512-BF16 or AMX)."""
-    calibration_folds: int | Literal["domain"] = 0
-    """0: the calibration temperature is fit on the validation split alone. K >= 2: K more models are
-    trained, each without one K-th of the training tasks, and the temperature is fit on every training
-    decision scored by the model that did not see its task, plus the validation split (K more trainings;
-    for a few tasks of logs, where the validation split is a task or two). ``domain``: one more model per
-    domain of the logs (episode metadata ``domain``; siblings sharing users go together), each without
-    that domain, so the temperature is fit on decisions about tools their scorer never saw: for a policy
-    meant for new users' tools (see :mod:`~evoharness_agent.learning.cross_fit`)."""
+    calibration_folds: int | Literal["auto", "domain"] = "auto"
+    """``auto``: 5 folds (as many as the training tasks, if fewer) when the validation split holds fewer
+    than 200 decisions (``calibration.FEW_DECISIONS``), else 0 (:meth:`TrainingSection.with_folds`; 0 in a
+    data-parallel run). 0: the calibration temperature is fit on the validation split alone. K >= 2: K
+    more models are trained, each without one K-th of the training tasks, and the temperature is fit on
+    every training decision scored by the model that did not see its task, plus the validation split (K
+    more trainings; for a few tasks of logs, where the validation split is a task or two). ``domain``: one
+    more model per domain of the logs (episode metadata ``domain``; siblings sharing users go together),
+    each without that domain, so the temperature is fit on decisions about tools their scorer never saw:
+    for a policy meant for new users' tools (see :mod:`~evoharness_agent.learning.cross_fit`)."""
 
     @field_validator("calibration_folds")
     @classmethod
     def _folds(cls, folds: int | str) -> int | str:
         if isinstance(folds, int) and folds < 0:
-            raise ValueError("folds must be 0, 2 or more, or 'domain'")
+            raise ValueError("folds must be 0, 2 or more, 'auto' or 'domain'")
         if folds == 1:
             raise ValueError("1 fold cannot hold a task out: use 0 (the validation split alone) or 2 or more")
         return folds
@@ -215,6 +220,19 @@ class TrainingSection(_Section):
             low, high = FINE_TUNE_STEPS
             steps = min(max(round(FINE_TUNE_PASSES * n_decisions / self.batch_size), low), high)
         return self.model_copy(update={"steps": steps})
+
+    def with_folds(self, n_validation_decisions: int, n_tasks: int, world_size: int = 1) -> TrainingSection:
+        """Return this section with ``calibration_folds: auto`` set by its rule; a number or ``domain`` as given.
+
+        Cross-fitting is on where a temperature fit on the validation split alone would be noise:
+        on ``benchmarks/fine_tune.py``'s held-out tasks, the runs whose validation split held fewer
+        than 200 decisions (12 of 16) got an ECE of 0.160 on average cross-fitted against 0.231,
+        worst 0.277 against 0.545. It costs ``AUTO_FOLDS`` more trainings, of a few tasks each.
+        """
+        if self.calibration_folds != "auto":
+            return self
+        few = n_validation_decisions < FEW_DECISIONS and n_tasks >= 2 and world_size == 1
+        return self.model_copy(update={"calibration_folds": min(AUTO_FOLDS, n_tasks) if few else 0})
 
 
 class LoggingSection(_Section):

@@ -154,15 +154,18 @@ def domain_folds(episodes: Sequence[Episode], ids: Sequence[int]) -> list[list[i
 
 def calibration_fold_ids(episodes: Sequence[Episode], ids: Sequence[int], folds: int | str,
                          seed: int) -> list[list[int]]:
-    """Return the cross-fitting folds ``training.calibration_folds`` asks for: none, K of tasks, or domains."""
+    """Return the cross-fitting folds ``training.calibration_folds`` asks for: none, K of tasks, or domains.
+
+    ``auto`` gives none: it is resolved to a number once the validation split's decisions are counted.
+    """
     if folds == "domain":
         return domain_folds(episodes, ids)
-    return task_folds(episodes, ids, int(folds), seed) if folds else []
+    return task_folds(episodes, ids, int(folds), seed) if folds and folds != "auto" else []
 
 
 def _check_folds(folds: int | str, world_size: int) -> None:
     """Refuse cross-fitting in a data-parallel run (its folds would train on one rank while the others wait)."""
-    if folds and world_size > 1:
+    if folds and folds != "auto" and world_size > 1:
         raise ValueError(f"training.calibration_folds is {folds}, but this run has {world_size} data-parallel "
                          "processes: cross-fitting is for logs of a few tasks; train in one process, or set it to 0")
 
@@ -293,6 +296,7 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     folds = config.training.calibration_folds  # checked before the embedding work: too many folds is an error
     _check_folds(folds, context.world_size)
     fold_ids = calibration_fold_ids(episodes, train_ids, folds, config.training.seed)
+    tasks = task_groups(episodes)
     part = context.shard(config.training.batch_size) if context.world_size > 1 else None
 
     def build(mmap_shared: bool) -> TransitionDataset:
@@ -310,9 +314,14 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     dataset = dataset.to(device)
     train_index = _subset(dataset, train_ids).to(device)
     val_index = _subset(dataset, val_ids)
-    # Unset steps follow the data size when fine-tuning; the policy records the number used.
-    config = config.model_copy(update={"training": config.training.resolved(int(train_index.numel()),
-                                                                           fine_tuning=init is not None)})
+    # Unset steps follow the data size when fine-tuning, and "auto" folds the validation split's; the
+    # policy records the numbers used.
+    training = config.training.resolved(int(train_index.numel()), fine_tuning=init is not None)
+    training = training.with_folds(int(val_index.numel()), len({tasks[i] for i in train_ids}), context.world_size)
+    config = config.model_copy(update={"training": training})
+    if folds == "auto":
+        folds = training.calibration_folds
+        fold_ids = calibration_fold_ids(episodes, train_ids, folds, config.training.seed)
 
     network = config.model.network()
     dims = Dims(dataset.state_dim, int(dataset.tools.embeddings.shape[1]), len(dataset.tools.specs))

@@ -48,7 +48,10 @@ def training_episodes() -> list[Episode]:
 POLICY_CONFIG = {
     "algorithm": {"name": "bc"},
     "model": {"hidden": 64},
-    "training": {"steps": 150, "batch_size": 64, "device": "cpu", "eval_every": 1000, "checkpoint_every": 1000},
+    # The agents' tests take the policy's probabilities as they are: no validation split, so T = 1
+    # (cross-fitting, "auto" with a validation split this small, is tested in test_cross_fit).
+    "training": {"steps": 150, "batch_size": 64, "device": "cpu", "eval_every": 1000, "checkpoint_every": 1000,
+                 "calibration_folds": 0},
     "logging": {"tensorboard": False},
     "data": {"val_fraction": 0.0},
 }

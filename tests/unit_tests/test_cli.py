@@ -91,25 +91,30 @@ def test_train_then_evaluate_json(workdir: Path) -> None:
     assert "metrics written to" in flat(evaluated.output)
 
 
-def test_train_suggests_cross_fitting_a_temperature_fit_on_few_decisions(workdir: Path) -> None:
-    # 6 episodes, val_fraction 0.1: the temperature is fit on one episode's decisions.
+def test_train_cross_fits_a_temperature_it_would_fit_on_few_decisions(workdir: Path) -> None:
+    # 6 episodes, val_fraction 0.1: the validation split is one episode, so "auto" cross-fits over the other 5.
     out = workdir / "few"
-    alone = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(out),
-                                    "--config", str(workdir / "fast.yaml"), "--steps", "3"])
-    assert alone.exit_code == 0, alone.output
-    assert "--calibration-folds 5 fits it on every training decision" in flat(alone.output)
     folded = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(out),
-                                     "--config", str(workdir / "fast.yaml"), "--steps", "3",
-                                     "--calibration-folds", "2"])
+                                     "--config", str(workdir / "fast.yaml"), "--steps", "3"])
     assert folded.exit_code == 0, folded.output
-    assert "--calibration-folds 5" not in flat(folded.output)
-    fit = json.loads((out / "policy.json").read_text())["calibration"]
+    meta = json.loads((out / "policy.json").read_text())
+    fit = meta["calibration"]
+    assert meta["config"]["training"]["calibration_folds"] == 5 and len(list((out / "cross_fit").glob("fold_*"))) == 5
     assert fit["n_out_of_fold"] > 0 and fit["n_decisions"] > fit["n_out_of_fold"]
+    assert (f"fit on {fit['n_decisions']} decisions, {fit['n_out_of_fold']} of them scored out of fold"
+            in flat(folded.output))
+    assert "--calibration-folds 5" not in flat(folded.output)
     evaluated = runner.invoke(cli.app, ["evaluate", "--policy", str(out), "--data", str(workdir / "logs.jsonl"),
                                         "--baseline-data", str(workdir / "logs.jsonl")])
     assert evaluated.exit_code == 0, evaluated.output
     assert (f"was fit on {fit['n_decisions']} decisions, each scored by a model that had not trained on its task "
             f"({fit['n_out_of_fold']} out of fold, the rest its validation split)") in flat(evaluated.output)
+    alone = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(out),
+                                    "--config", str(workdir / "fast.yaml"), "--steps", "3",
+                                    "--calibration-folds", "0"])
+    assert alone.exit_code == 0, alone.output
+    assert "--calibration-folds 5 fits it on every training decision" in flat(alone.output)
+    assert "n_out_of_fold" not in json.loads((out / "policy.json").read_text())["calibration"]
     refused = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(out),
                                       "--config", str(workdir / "fast.yaml"), "--steps", "3",
                                       "--calibration-folds", "9"])

@@ -41,6 +41,21 @@ def test_fit_temperature_recovers_the_scale_of_overconfident_scores() -> None:
     assert fit_temperature(logits[:0], actions[:0], mask[:0]) == 1.0
 
 
+def test_a_few_decisions_all_right_do_not_make_the_policy_certain() -> None:
+    # 44 decisions, the logged action always the top score: a plain NLL fit puts T on its floor.
+    scores = torch.randn(44, 5, generator=torch.Generator().manual_seed(4))
+    scores[:, 0] = scores.max(1).values + 0.5
+    actions, mask = torch.zeros(44, dtype=torch.long), torch.ones_like(scores, dtype=torch.bool)
+    temperature = fit_temperature(scores, actions, mask)
+    logged = torch.softmax(scores / temperature, 1)[:, 0].mean().item()
+    assert temperature > 0.1 and 0.95 < logged < 0.99  # the floor is 0.05; (n + 1) / (n + 2) = 0.978
+    # A decision with one action available has nothing to spread its target over: it leaves T alone.
+    alone = torch.zeros_like(mask)
+    alone[:, 0] = True
+    assert fit_temperature(torch.cat([scores, scores]), torch.cat([actions, actions]),
+                           torch.cat([mask, alone])) == pytest.approx(temperature, rel=0.05)
+
+
 def test_fit_temperature_ignores_unavailable_actions() -> None:
     logits = torch.randn(2000, 4, generator=torch.Generator().manual_seed(2))
     actions = _labels(logits)
@@ -99,11 +114,11 @@ def test_cross_fitted_reads_whether_out_of_fold_decisions_were_fit_on() -> None:
 # --------------------------------------------------------------------------- training writes T, the policy uses it
 
 
-def _config(val_fraction: float) -> TrainConfig:
-    """A tiny CQL run on the CPU."""
+def _config(val_fraction: float, folds: int | str = 0) -> TrainConfig:
+    """A tiny CQL run on the CPU; the temperature fit on the validation split alone unless ``folds``."""
     return load_config(None, {
         "training": {"steps": 40, "batch_size": 16, "device": "cpu", "threads": 1, "checkpoint_every": 40,
-                     "eval_every": 40, "seed": 3},
+                     "eval_every": 40, "seed": 3, "calibration_folds": folds},
         "logging": {"tensorboard": False, "log_every": 20},
         "algorithm": {"name": "cql", "params": {}},
         "model": {"hidden": 16, "history_window": 2},
@@ -162,12 +177,17 @@ def test_a_backend_refits_t_on_the_same_validation_split(calibrated: ToolPolicy)
         backend_calibration(calibrated, [EPISODES[0].model_copy(update={"steps": []})])
 
 
-def test_no_validation_split_means_no_calibration(tmp_path: Path, encoder: StateEncoder) -> None:
-    train_on_episodes(EPISODES, _config(0.0), tmp_path, encoder=encoder, show_progress=False)
-    meta = json.loads((tmp_path / "policy.json").read_text())["calibration"]
+def test_no_validation_split_means_no_calibration_unless_cross_fitted(tmp_path: Path, encoder: StateEncoder) -> None:
+    train_on_episodes(EPISODES, _config(0.0), tmp_path / "alone", encoder=encoder, show_progress=False)
+    meta = json.loads((tmp_path / "alone" / "policy.json").read_text())["calibration"]
     assert meta["temperature"] == 1.0 and meta["n_decisions"] == 0
     assert "val_fraction 0" in meta["note"]
-    assert ToolPolicy.load(tmp_path, encoder=encoder, device="cpu").temperature == 1.0
+    assert ToolPolicy.load(tmp_path / "alone", encoder=encoder, device="cpu").temperature == 1.0
+    # "auto" (the default) cross-fits an empty validation split: every decision is scored out of fold.
+    train_on_episodes(EPISODES, _config(0.0, "auto"), tmp_path / "auto", encoder=encoder, show_progress=False)
+    meta = json.loads((tmp_path / "auto" / "policy.json").read_text())["calibration"]
+    assert meta["n_decisions"] == meta["n_out_of_fold"] == sum(step.is_decision for ep in EPISODES for step in ep.steps)
+    assert meta["temperature"] != 1.0 and "note" not in meta
 
 
 def test_policy_probabilities_are_the_softmax_of_scores_over_t(calibrated: ToolPolicy, encoder: StateEncoder) -> None:

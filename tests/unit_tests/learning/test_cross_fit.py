@@ -10,8 +10,8 @@ import torch
 
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.learning.algorithms.base import ScoredDecisions
-from evoharness_agent.learning.calibration import fit_temperature
-from evoharness_agent.learning.config import load_config
+from evoharness_agent.learning.calibration import FEW_DECISIONS, fit_temperature
+from evoharness_agent.learning.config import AUTO_FOLDS, load_config
 from evoharness_agent.learning.cross_fit import CROSS_FIT_DIR
 from evoharness_agent.learning.trainer import (
     domain_folds,
@@ -85,9 +85,21 @@ def test_domain_folds_fit_the_temperature_on_decisions_about_unseen_domains(
 def test_one_fold_is_refused() -> None:
     with pytest.raises(ValueError, match="1 fold cannot hold a task out"):
         _config(1)
-    with pytest.raises(ValueError, match="folds must be 0, 2 or more, or 'domain'"):
+    with pytest.raises(ValueError, match="folds must be 0, 2 or more, 'auto' or 'domain'"):
         _config(-2)
     assert _config("domain").training.calibration_folds == "domain" and _config("4").training.calibration_folds == 4
+
+
+def test_auto_folds_cross_fit_only_where_the_validation_split_is_small() -> None:
+    auto = _config("auto").training
+    assert auto.with_folds(FEW_DECISIONS - 1, n_tasks=40).calibration_folds == AUTO_FOLDS
+    assert auto.with_folds(FEW_DECISIONS - 1, n_tasks=3).calibration_folds == 3  # a fold per task at most
+    assert auto.with_folds(FEW_DECISIONS, n_tasks=40).calibration_folds == 0
+    assert auto.with_folds(5, n_tasks=1).calibration_folds == 0  # one task: no fold could hold it out
+    assert auto.with_folds(5, n_tasks=40, world_size=2).calibration_folds == 0  # data-parallel: refused otherwise
+    assert _config(0).training.with_folds(5, n_tasks=40).calibration_folds == 0
+    assert _config("domain").training.with_folds(5, n_tasks=40).calibration_folds == "domain"
+    assert load_config(None, {}).training.calibration_folds == "auto"
 
 
 def test_scored_decisions_concat_pads_the_narrower_parts() -> None:

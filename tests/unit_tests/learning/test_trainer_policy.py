@@ -28,7 +28,8 @@ def make_config(steps: int = 30, algorithm: str = "iql", params: dict[str, Any] 
     """A fast CPU config; ``sections`` update the defaults below, section by section."""
     overrides: dict[str, dict[str, Any]] = {
         "training": {"steps": steps, "batch_size": 16, "device": "cpu", "threads": 1,
-                     "checkpoint_every": 10, "eval_every": 10, "seed": 7},
+                     "checkpoint_every": 10, "eval_every": 10, "seed": 7,
+                     "calibration_folds": 0},  # the run alone; cross-fitting is test_cross_fit's
         "logging": {"tensorboard": False, "log_every": 5},
         "algorithm": {"name": algorithm, "params": params or {}},
         "model": {"hidden": 16, "history_window": 2},
