@@ -161,8 +161,9 @@ def train(
                       "them scored out of fold (by a model that had not trained on them)")
     elif 0 < fit_on < FEW_DECISIONS:
         console.print(f"[yellow]the confidence temperature was fit on {fit_on} validation decisions "
-                      "only: with logs of a few tasks, --calibration-folds 5 fits it on every training decision "
-                      "too, scored out of fold (5 more trainings)[/]")
+                      "only: --calibration-folds auto (the default) also fits it on every training decision, "
+                      "scored out of fold, where the training split has two tasks or more and one process "
+                      "trains[/]")
 
 
 def _load(paths: Sequence[Path | str], log_format: str, skip_invalid: bool) -> list:
