@@ -87,7 +87,8 @@ def fit_temperature(scores: torch.Tensor, actions: torch.Tensor, mask: torch.Ten
     def nll(log_t: float) -> float:
         log_p = torch.log_softmax((scores / float(np.exp(log_t))).masked_fill(~mask, -torch.inf), dim=-1)
         logged = log_p.gather(1, actions[:, None]).squeeze(1)
-        rest = torch.logsumexp(log_p.masked_fill(~others, -torch.inf), dim=1).clamp(min=-1e4)  # log(1 - p)
+        # log(1 - p): -inf for a lone action, clamped so that its weight of 0 gives 0, not NaN.
+        rest = torch.logsumexp(log_p.masked_fill(~others, -torch.inf), dim=1).clamp(min=-1e4)
         return float(-((1.0 - spread) * logged + spread * rest).mean())
 
     grid = np.linspace(np.log(MIN_TEMPERATURE), np.log(MAX_TEMPERATURE), 81)

@@ -296,7 +296,6 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     folds = config.training.calibration_folds  # checked before the embedding work: too many folds is an error
     _check_folds(folds, context.world_size)
     fold_ids = calibration_fold_ids(episodes, train_ids, folds, config.training.seed)
-    tasks = task_groups(episodes)
     part = context.shard(config.training.batch_size) if context.world_size > 1 else None
 
     def build(mmap_shared: bool) -> TransitionDataset:
@@ -317,11 +316,13 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     # Unset steps follow the data size when fine-tuning, and "auto" folds the validation split's; the
     # policy records the numbers used.
     training = config.training.resolved(int(train_index.numel()), fine_tuning=init is not None)
-    training = training.with_folds(int(val_index.numel()), len({tasks[i] for i in train_ids}), context.world_size)
-    config = config.model_copy(update={"training": training})
     if folds == "auto":
+        tasks = task_groups(episodes)
+        training = training.with_folds(int(val_index.numel()), len({tasks[i] for i in train_ids}),
+                                       context.world_size)
         folds = training.calibration_folds
-        fold_ids = calibration_fold_ids(episodes, train_ids, folds, config.training.seed)
+        fold_ids = calibration_fold_ids(episodes, train_ids, folds, training.seed)
+    config = config.model_copy(update={"training": training})
 
     network = config.model.network()
     dims = Dims(dataset.state_dim, int(dataset.tools.embeddings.shape[1]), len(dataset.tools.specs))
