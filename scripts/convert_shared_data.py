@@ -196,6 +196,35 @@ def tau_airline_tools(shared: Path) -> list[ToolSpec]:
     return specs
 
 
+THINK_TOOL_TYPE = {"think": "generic"}
+"""tau-bench v1's ``think`` tool (tau2-bench dropped it) changes nothing and looks nothing up."""
+# tau2-bench's tool types for the airline tools (its ``@is_tool(ToolType.…)`` marks; the shared data
+# ships them for retail only, in retail_tools.json).
+AIRLINE_TOOL_TYPES = {**THINK_TOOL_TYPE,
+    "book_reservation": "write", "cancel_reservation": "write", "send_certificate": "write",
+    "update_reservation_baggages": "write", "update_reservation_flights": "write",
+    "update_reservation_passengers": "write", "get_reservation_details": "read", "get_user_details": "read",
+    "get_flight_status": "read", "list_all_airports": "read", "search_direct_flight": "read",
+    "search_onestop_flight": "read", "calculate": "generic", "transfer_to_human_agents": "generic",
+}
+
+
+def recorded_without_lookups(tools: list[ToolSpec], kinds: dict[str, str], calls: Iterable[str],
+                             recorded: tuple[str, ...] = ("write", "generic")) -> list[str] | None:
+    """Return the tools a gold list that names no look-up could record (those of the ``recorded`` kinds), or None.
+
+    tau-bench keeps only a task's calls that change the store (``recorded=("write",)``), and
+    tau2-bench does so for about half its tasks, with the generic calls (a transfer to a human)
+    kept: "return the skateboards" with no ``find_user_id_by_name_zip`` before it, while a real
+    agent looks the user and the order up first. Offering the look-ups at such an episode's
+    decisions would teach, and score, "change before looking up"; so it offers only the tools its
+    log could have recorded. None: the list names a look-up, so it was kept whole.
+    """
+    if any(kinds[name] == "read" for name in calls):
+        return None
+    return [tool.name for tool in tools if kinds[tool.name] in recorded]
+
+
 
 
 def tau2_task_text(scenario: dict[str, Any]) -> str:
@@ -234,14 +263,15 @@ def convert_tau2_airline(shared: Path, out: Path) -> list[Path]:
                                              .read_text("utf-8")) for table in AIRLINE_TABLES})
     episodes = []
     for row in read_jsonl(shared / "tau2_bench" / "airline_tasks.jsonl"):
+        offered = recorded_without_lookups(tools, AIRLINE_TOOL_TYPES, (a["name"] for a in row["gold_actions"]))
         episodes.append(_check_tools(Episode(
             id=f"tau2_airline_{row['id']}",
             task=tau2_task_text(row["user_scenario"]),
-            tools=tools,
+            tools=tools, available_at_start=offered,
             steps=_replayed_steps({**row, "replay": replay_airline(database, row["gold_actions"])}),
             reward=1.0,
             metadata={"benchmark": "tau2-bench", "domain": "airline", "task_id": row["id"],
-                      "split": row["split"]},
+                      "split": row["split"], "partial_gold": offered is not None},
         )))
     path = out / "tau2_bench" / "airline.jsonl.gz"
     write_episodes(path, episodes)
@@ -296,14 +326,16 @@ def convert_tau_airline(shared: Path, out: Path) -> list[Path]:
                       observation=call["observation"], error=bool(call["error"]))
                  for call in row["replay"]]
         steps.append(Step(kind="assistant", content=""))
+        offered = recorded_without_lookups(tools, AIRLINE_TOOL_TYPES, (call["tool"] for call in row["replay"]))
         episodes.append(_check_tools(Episode(
             id=f"tau_airline_test_{row['task_index']}",
             task=row["instruction"],
-            tools=tools,
+            tools=tools, available_at_start=offered,
             steps=steps,
             reward=1.0,
             metadata={"benchmark": "tau-bench", "domain": "airline", "split": "test",
-                      "task_index": row["task_index"], "user_id": row.get("user_id")},
+                      "task_index": row["task_index"], "user_id": row.get("user_id"),
+                      "partial_gold": offered is not None},
         )))
     test_path = out / "tau_bench" / "airline_test.jsonl.gz"
     write_episodes(test_path, episodes)
@@ -614,22 +646,24 @@ def _replayed_steps(row: dict[str, Any]) -> list[Step]:
 def convert_tau_retail(shared: Path, out: Path) -> list[Path]:
     """Convert tau-bench retail train + dev (final state-changing gold calls only, replayed).
 
-    Its gold lists keep only the calls that change the store, so only those tools were a choice
-    the log could record: they alone are ``available_at_start`` (the write tools by tau2-bench's
-    ``tool_types`` for the same tools). Offering the look-ups too would teach, and score, "change
-    before looking up" wherever a real agent looks up first (tau2-bench retail logs both).
+    Its gold lists keep only the calls that change the store, so only those tools were a choice the
+    log could record (:func:`recorded_without_lookups`, by tau2-bench's ``tool_types`` for the same
+    tools). Offering the look-ups too would teach, and score, "change before looking up".
     """
     tools = openai_tools(shared / "tau_bench" / "retail_tools.json")
-    kinds = json.loads((shared / "tau2_bench" / "retail_tools.json").read_text("utf-8"))["tool_types"]
-    writes = [tool.name for tool in tools if kinds.get(tool.name) == "write"]
+    kinds = {**json.loads((shared / "tau2_bench" / "retail_tools.json").read_text("utf-8"))["tool_types"],
+             **THINK_TOOL_TYPE}
     episodes = []
     for split in ("train", "dev"):
         for row in read_jsonl(shared / "tau_bench" / f"retail_{split}.jsonl"):
             if row["split"] != split:
                 raise ValueError(f"retail_{split} task {row['task_index']}: split {row['split']}")
+            offered = recorded_without_lookups(tools, kinds, (a["name"] for a in row["gold_actions"]), ("write",))
+            if offered is None:
+                raise ValueError(f"retail_{split} task {row['task_index']}: a look-up in a write-only gold list")
             episodes.append(_check_tools(Episode(
                 id=f"tau_retail_{split}_{row['task_index']}", task=row["instruction"], tools=tools,
-                available_at_start=writes,
+                available_at_start=offered,
                 steps=_replayed_steps(row), reward=1.0,
                 metadata={"benchmark": "tau-bench", "domain": "tau_retail", "source_split": split,
                           "task_index": row["task_index"], "user_id": row.get("user_id"),
@@ -641,15 +675,18 @@ def convert_tau_retail(shared: Path, out: Path) -> list[Path]:
 
 
 def convert_tau2_retail(shared: Path, out: Path) -> list[Path]:
-    """Convert the tau2-bench retail tasks (full gold sequences, replayed)."""
+    """Convert the tau2-bench retail tasks (gold sequences, replayed; a write-only one offers no look-up)."""
     tools = openai_tools(shared / "tau2_bench" / "retail_tools.json")
+    kinds = json.loads((shared / "tau2_bench" / "retail_tools.json").read_text("utf-8"))["tool_types"]
     episodes = []
     for row in read_jsonl(shared / "tau2_bench" / "retail_tasks.jsonl"):
+        offered = recorded_without_lookups(tools, kinds, (a["name"] for a in row["gold_actions"]))
         episodes.append(_check_tools(Episode(
             id=f"tau2_retail_{row['id']}", task=tau2_task_text(row["user_scenario"]), tools=tools,
+            available_at_start=offered,
             steps=_replayed_steps(row), reward=1.0,
             metadata={"benchmark": "tau2-bench", "domain": "tau2_retail",
-                      "source_split": row["split"], "task_id": row["id"]},
+                      "source_split": row["split"], "task_id": row["id"], "partial_gold": offered is not None},
         )))
     path = out / "tau2_bench" / "retail.jsonl.gz"
     write_episodes(path, episodes)

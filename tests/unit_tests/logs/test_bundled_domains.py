@@ -154,3 +154,23 @@ def test_bfcl_single_and_tau_retail_shape(domains: dict[str, list[Episode]]) -> 
     for ep in domains["tau_retail"]:
         offered = ep.availability()[0]
         assert used <= offered and not offered & {"find_user_id_by_email", "get_order_details", "calculate"}
+
+
+def test_tau2_gold_lists_without_a_look_up_offer_no_look_up(domains: dict[str, list[Episode]]) -> None:
+    # tau2-bench names the look-ups for some tasks and only the writes for others ("return the
+    # skateboards", no find_user_id before it): only the latter are partial logs.
+    def looks_up(name: str) -> bool:
+        return name.startswith(("find_", "get_", "list_", "search_"))
+
+    for name in ("tau2_retail", "tau2_airline", "tau_airline"):
+        gold = [ep for ep in domains[name] if "gpt4o" not in ep.id]  # logged runs are whole, look-ups or not
+        partial = [ep for ep in gold if ep.metadata["partial_gold"]]
+        whole = [ep for ep in gold if not ep.metadata["partial_gold"]]
+        assert partial and whole, name
+        for ep in partial:
+            called = {s.tool for s in ep.steps if s.kind == "tool_call"}
+            offered = ep.availability()[0]
+            assert called <= offered and offered and not any(map(looks_up, offered)), ep.id
+        for ep in whole:
+            assert ep.available_at_start is None
+            assert any(looks_up(s.tool) for s in ep.steps if s.kind == "tool_call"), ep.id
