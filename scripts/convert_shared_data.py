@@ -209,6 +209,12 @@ AIRLINE_TOOL_TYPES = {**THINK_TOOL_TYPE,
 }
 
 
+def retail_tool_types(shared: Path) -> dict[str, str]:
+    """Return each retail tool's type (read / write / generic): tau2-bench's ``tool_types``, tau-bench's tools too."""
+    kinds = json.loads((shared / "tau2_bench" / "retail_tools.json").read_text("utf-8"))["tool_types"]
+    return {**kinds, **THINK_TOOL_TYPE}
+
+
 def recorded_without_lookups(tools: list[ToolSpec], kinds: dict[str, str], calls: Iterable[str],
                              recorded: tuple[str, ...] = ("write", "generic")) -> list[str] | None:
     """Return the tools a gold list that names no look-up could record (those of the ``recorded`` kinds), or None.
@@ -651,8 +657,7 @@ def convert_tau_retail(shared: Path, out: Path) -> list[Path]:
     tools). Offering the look-ups too would teach, and score, "change before looking up".
     """
     tools = openai_tools(shared / "tau_bench" / "retail_tools.json")
-    kinds = {**json.loads((shared / "tau2_bench" / "retail_tools.json").read_text("utf-8"))["tool_types"],
-             **THINK_TOOL_TYPE}
+    kinds = retail_tool_types(shared)
     episodes = []
     for split in ("train", "dev"):
         for row in read_jsonl(shared / "tau_bench" / f"retail_{split}.jsonl"):
@@ -677,7 +682,7 @@ def convert_tau_retail(shared: Path, out: Path) -> list[Path]:
 def convert_tau2_retail(shared: Path, out: Path) -> list[Path]:
     """Convert the tau2-bench retail tasks (gold sequences, replayed; a write-only one offers no look-up)."""
     tools = openai_tools(shared / "tau2_bench" / "retail_tools.json")
-    kinds = json.loads((shared / "tau2_bench" / "retail_tools.json").read_text("utf-8"))["tool_types"]
+    kinds = retail_tool_types(shared)
     episodes = []
     for row in read_jsonl(shared / "tau2_bench" / "retail_tasks.jsonl"):
         offered = recorded_without_lookups(tools, kinds, (a["name"] for a in row["gold_actions"]))
