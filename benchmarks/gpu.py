@@ -11,9 +11,18 @@ Run (on a machine with a GPU): ``python benchmarks/gpu.py [--json OUT]``; ``--de
    then draws its batch on the device (``TransitionDataset.sample``) and takes one CQL step under
    the trainer's bf16 autocast (``training_autocast``), exactly as ``train`` runs. Figures:
    transitions/s = batch x updates / seconds (after a warm-up; the device synchronised before each
-   clock read), for the default's scorer (hidden 16) and a wide one (hidden 256).
+   clock read), for the default's scorer (hidden 16) and a wide one (hidden 256), eager at
+   ``--batch-sizes`` and compiled (``training.compile``, ``train --compile``) at
+   ``--compiled-batch-sizes``, each compiled run from a fresh compiler cache as a new ``train``
+   process starts, its warm-up (compiling included) timed too.
 2. Encoder. ``StateEncoder`` (all-MiniLM-L6-v2, the package's default) on the device embeds
    ``--texts`` distinct step-like texts (no cache): texts/s, at ``--encode-batch``.
+3. Compiled against eager on real logs. ``train_on_episodes`` trains CQL on bundled logs (tau2-bench
+   retail, BFCL multi-turn base, the gpt-4o airline runs) for ``--parity-steps`` steps of
+   ``--parity-batch``, eager then compiled, without dropout (whose masks a compiled graph draws
+   its own way), and prints each run's seconds and final losses, mean Q and validation top-1: the
+   two do the same arithmetic, fused or not. On the first H200 they did not agree (mean Q 1.04
+   eager, 4.21 compiled) where on CPU they do; this is the check that says whether they do now.
 
 The figures are printed (and written with ``--json``) for the README; nothing is asserted.
 The issue's target: >= 5M training transitions/s on an H200-class GPU.
@@ -24,7 +33,9 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,8 +44,11 @@ from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.state import AVAILABLE, IS_FINISH, N_PAIR_FEATURES, N_STATE_FEATURES, n_slots
 from evoharness_agent.encoding.transitions import ToolTable, TransitionDataset
 from evoharness_agent.learning.algorithms import Dims, ToolInputs, make_algorithm
+from evoharness_agent.learning.config import load_config
 from evoharness_agent.learning.networks import NetworkConfig
 from evoharness_agent.learning.precision import training_autocast
+from evoharness_agent.learning.trainer import train_on_episodes
+from evoharness_agent.logs.bundled import bfcl_paths, gpt4o_airline_path, read_native, tau2_retail_path
 from evoharness_agent.runtime import pick_device
 from evoharness_agent.schema import ToolSpec, finish_spec
 
@@ -92,8 +106,8 @@ def synchronize(device: str) -> None:
 
 
 def training_rate(dataset: TransitionDataset, device: str, hidden: int, batch_size: int, updates: int,
-                  warmup: int, seed: int) -> float:
-    """Transitions/s of CQL sample + update steps with ``dataset`` resident on ``device``."""
+                  warmup: int, seed: int, compiled: bool = False) -> tuple[float, float]:
+    """Transitions/s of CQL sample + update steps with ``dataset`` resident on ``device``, and the warm-up's seconds."""
     torch.manual_seed(seed)
     n_tools = len(dataset.tools.specs)
     dims = Dims(dataset.state_dim, EMBEDDING_DIM, n_tools)
@@ -101,6 +115,9 @@ def training_rate(dataset: TransitionDataset, device: str, hidden: int, batch_si
     network = NetworkConfig(hidden=hidden, tool_bias=False)
     algorithm = make_algorithm("cql", {}, dims, network, tools).to(device)
     algorithm.set_training(True)
+    if compiled:
+        torch._dynamo.reset()  # compiled as a new training process would, not from the last setting's graphs
+        algorithm.compile_training()
     generator = torch.Generator(device=device).manual_seed(seed)
 
     def steps(count: int) -> None:
@@ -108,12 +125,14 @@ def training_rate(dataset: TransitionDataset, device: str, hidden: int, batch_si
             with training_autocast(device, True):
                 algorithm.update(dataset.sample(batch_size, generator))
 
+    start = time.perf_counter()
     steps(warmup)
     synchronize(device)
+    warm_up = time.perf_counter() - start
     start = time.perf_counter()
     steps(updates)
     synchronize(device)
-    return batch_size * updates / (time.perf_counter() - start)
+    return batch_size * updates / (time.perf_counter() - start), warm_up
 
 
 def encoder_rate(device: str, n_texts: int, batch_size: int) -> float:
@@ -132,6 +151,31 @@ def encoder_rate(device: str, n_texts: int, batch_size: int) -> float:
     return n_texts / (time.perf_counter() - start)
 
 
+PARITY_METRICS = ("loss/td", "loss/cql", "q/mean", "val/top1")
+
+
+def compile_parity(device: str, steps: int, batch_size: int, seed: int) -> list[dict[str, Any]]:
+    """Train CQL on bundled logs eager, then compiled (no dropout); return each run's seconds and final metrics."""
+    episodes = [episode for path in (tau2_retail_path(), *bfcl_paths(["base"]), gpt4o_airline_path())
+                for episode in read_native(path)]
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for compiled in (False, True):
+            torch._dynamo.reset()
+            config = load_config(None, {
+                "model": {"dropout": 0.0}, "logging": {"tensorboard": False},
+                "training": {"steps": steps, "batch_size": batch_size, "device": device, "seed": seed,
+                             "calibration_folds": 0, "compile": compiled}})
+            mode = "compiled" if compiled else "eager"
+            start = time.perf_counter()
+            result = train_on_episodes(episodes, config, Path(scratch) / mode, show_progress=False)
+            runs.append({"mode": mode, "seconds": time.perf_counter() - start,
+                         **{key: float(result[key]) for key in PARITY_METRICS}})
+            print(f"parity {mode:>8}: {runs[-1]['seconds']:6.1f} s  "
+                  + "  ".join(f"{key} {runs[-1][key]:.4f}" for key in PARITY_METRICS))
+    return runs
+
+
 def main(argv: list[str] | None = None) -> None:
     """Measure and print the figures; with ``--json``, write them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -140,13 +184,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--unique-texts", type=int, default=500_000)
     parser.add_argument("--tools", type=int, default=4096)
     parser.add_argument("--candidates", type=int, default=24)
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[4096, 32768, 131072])
+    parser.add_argument("--batch-sizes", type=int, nargs="*", default=[4096, 32768, 131072])
+    parser.add_argument("--compiled-batch-sizes", type=int, nargs="*", default=[131072, 262144])
     parser.add_argument("--hidden", type=int, nargs="+", default=[16, 256])
     parser.add_argument("--updates", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--table-dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--texts", type=int, default=20_000, help="texts the encoder embeds")
     parser.add_argument("--encode-batch", type=int, default=512)
+    parser.add_argument("--parity-steps", type=int, default=1500, help="0: no compiled-against-eager check")
+    parser.add_argument("--parity-batch", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
@@ -159,21 +206,28 @@ def main(argv: list[str] | None = None) -> None:
     build = time.perf_counter() - build
     resident = sum(t.numel() * t.element_size() for t in [dataset.text_embeddings, *dataset.tensors.values()])
     training: list[dict[str, Any]] = []
+    runs = [(False, size) for size in args.batch_sizes] + [(True, size) for size in args.compiled_batch_sizes]
     for hidden in args.hidden:
-        for batch_size in args.batch_sizes:
-            rate = training_rate(dataset, device, hidden, batch_size, args.updates, args.warmup, args.seed)
-            training.append({"hidden": hidden, "batch_size": batch_size, "transitions_per_s": rate})
-            print(f"train  hidden {hidden:>4}  batch {batch_size:>7}: {rate:>14,.0f} transitions/s")
+        for compiled, batch_size in runs:
+            rate, warm_up = training_rate(dataset, device, hidden, batch_size, args.updates, args.warmup, args.seed,
+                                          compiled)
+            mode = "compiled" if compiled else "eager"
+            training.append({"hidden": hidden, "batch_size": batch_size, "mode": mode, "transitions_per_s": rate,
+                             "warmup_seconds": warm_up})
+            print(f"train  {mode:>8}  hidden {hidden:>4}  batch {batch_size:>7}: {rate:>14,.0f} transitions/s"
+                  f"  (warm-up {warm_up:.1f} s)")
     texts_per_s = encoder_rate(device, args.texts, args.encode_batch)
     print(f"encode all-MiniLM-L6-v2, batch {args.encode_batch}: {texts_per_s:,.0f} texts/s")
     name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
     peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
+    parity = compile_parity(device, args.parity_steps, args.parity_batch, args.seed) if args.parity_steps else []
     report = {
         "device": device, "device_name": name, "torch": torch.__version__, "transitions": args.transitions,
         "unique_texts": args.unique_texts, "tools": args.tools, "candidates": args.candidates,
         "table_dtype": args.table_dtype, "resident_bytes": resident, "build_seconds": build,
         "peak_device_bytes": peak, "updates": args.updates, "training": training,
         "encoder": {"texts": args.texts, "batch_size": args.encode_batch, "texts_per_s": texts_per_s},
+        "compile_parity": {"steps": args.parity_steps, "batch_size": args.parity_batch, "runs": parity},
     }
     print(f"{name}: data set resident on {device}, {resident / 2**30:.2f} GiB ({args.table_dtype} embeddings)"
           + (f", peak {peak / 2**30:.2f} GiB allocated" if peak else ""))

@@ -119,6 +119,9 @@ def train(
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda, cuda:1 ...")] = None,
     threads: Annotated[int | None, typer.Option(help="CPU threads for training.")] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
+    compile_training: Annotated[bool, typer.Option(
+        "--compile", help="Compile the training passes with torch.compile: for long runs on a GPU (tens of "
+                          "seconds to compile; ~1.9x faster steps on an H200).")] = False,
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoint in --out.")] = False,
     skip_invalid: Annotated[bool, typer.Option(help="Skip bad log lines (and report them).")] = False,
     default_reward: Annotated[float | None, typer.Option(help="Reward of episodes that have none.")] = None,
@@ -141,7 +144,7 @@ def train(
                  "skip_invalid": skip_invalid or None, "default_reward": default_reward},
         "algorithm": {"name": algo.value if algo else None},
         "training": {"steps": steps, "batch_size": batch_size, "device": device, "threads": threads,
-                     "seed": seed, "calibration_folds": calibration_folds},
+                     "seed": seed, "calibration_folds": calibration_folds, "compile": compile_training or None},
     }
     try:
         cfg = load_config(config, overrides)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from evoharness_agent.encoding.state import (
@@ -302,15 +303,20 @@ class ToolScorer(nn.Module):
         The tool tower runs once per tool of the table; the bilinear maps run over the B states
         (request·P·tool = (request·Pᵀ)·tool), not over every candidate of every state.
         """
-        features = (self.tool_tower(tool_embeddings) * self.scale)[candidates]
-        embeddings = tool_embeddings[candidates]
         request = self._request(states)
         mapped = request @ self.request_map.weight.T + self._previous(states) @ self.previous_map.weight.T
-        tower = torch.einsum("bh,bkh->bk", self.state_tower(states), features)
-        scores = tower + torch.einsum("be,bke->bk", mapped, embeddings)
+        # The (B, K, E) candidate embeddings are the batch's largest tensor (B x K x 384): gathered
+        # once, already in the dtype autocast multiplies in (else each product casts its own
+        # copy), and read by one batched product for both the bilinear term and the similarity.
+        device_type = tool_embeddings.device.type
+        dtype = (torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type)
+                 else tool_embeddings.dtype)
+        embeddings = F.embedding(candidates, tool_embeddings.to(dtype))
+        products = torch.bmm(embeddings, torch.stack([mapped, request], dim=2).to(dtype))
+        features = F.embedding(candidates, self.tool_tower(tool_embeddings) * self.scale)
+        tower = torch.bmm(features, self.state_tower(states)[:, :, None].to(features.dtype)).squeeze(-1)
         bias = self.tool_bias(None if tool_ids is None else tool_ids[candidates], features).squeeze(-1)
-        similarity = torch.einsum("be,bke->bk", request.float(), embeddings.float())
-        return scores + bias, similarity, tower
+        return tower + products[..., 0] + bias, products[..., 1].float(), tower
 
     def context_features(self, similarity: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
         """Return ``(B, N, 8)`` features that compare each tool with the others available.

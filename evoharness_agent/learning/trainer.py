@@ -328,7 +328,10 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     dims = Dims(dataset.state_dim, int(dataset.tools.embeddings.shape[1]), len(dataset.tools.specs))
     tools = ToolInputs(dataset.tools.embeddings, torch.arange(len(dataset.tools.specs), device=device))
     def new_algorithm() -> Algorithm:
-        return make_algorithm(config.algorithm.name, config.algorithm.params, dims, network, tools).to(device)
+        algorithm = make_algorithm(config.algorithm.name, config.algorithm.params, dims, network, tools).to(device)
+        if config.training.compile:
+            algorithm.compile_training()
+        return algorithm
 
     algorithm = new_algorithm()
     meta = {

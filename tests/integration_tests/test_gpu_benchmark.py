@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from evoharness_agent.runtime import CACHE_ENV_VAR
 from tests.kit.scripts import load_script
 
 gpu = load_script("gpu", "benchmarks")
@@ -13,11 +16,28 @@ gpu = load_script("gpu", "benchmarks")
 def test_gpu_check_runs_on_cpu_and_reports_positive_rates(tmp_path: Path) -> None:
     out = tmp_path / "gpu.json"
     gpu.main(["--device", "cpu", "--transitions", "2000", "--unique-texts", "400", "--tools", "64",
-              "--candidates", "8", "--batch-sizes", "64", "--hidden", "16", "--updates", "2", "--warmup", "1",
-              "--texts", "16", "--encode-batch", "32", "--json", str(out)])
+              "--candidates", "8", "--batch-sizes", "64", "--compiled-batch-sizes", "--hidden", "16", "--updates", "2",
+              "--warmup", "1", "--texts", "16", "--encode-batch", "32", "--parity-steps", "0", "--json", str(out)])
     report = json.loads(out.read_text())
-    assert [row["batch_size"] for row in report["training"]] == [64]
+    assert [(row["mode"], row["batch_size"]) for row in report["training"]] == [("eager", 64)]
     assert all(row["transitions_per_s"] > 0 for row in report["training"])
     # Fewer texts than one encoder batch: the warm-up must not eat the timed texts.
     assert report["encoder"]["texts"] == 16 and report["encoder"]["texts_per_s"] > 0
     assert report["device"] == "cpu" and report["peak_device_bytes"] is None
+
+
+@pytest.mark.slow
+def test_gpu_check_compiles_the_training_passes_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_ENV_VAR, str(tmp_path / "embeddings"))  # the parity runs embed real logs
+    out = tmp_path / "gpu.json"
+    gpu.main(["--device", "cpu", "--transitions", "2000", "--unique-texts", "400", "--tools", "64",
+              "--candidates", "8", "--batch-sizes", "--compiled-batch-sizes", "64", "--hidden", "16", "--updates", "2",
+              "--warmup", "1", "--texts", "16", "--encode-batch", "32", "--parity-steps", "20", "--parity-batch", "64",
+              "--json", str(out)])
+    report = json.loads(out.read_text())
+    (row,) = report["training"]
+    assert row["mode"] == "compiled" and row["transitions_per_s"] > 0 and row["warmup_seconds"] > 0
+    eager, compiled = report["compile_parity"]["runs"]
+    assert (eager["mode"], compiled["mode"]) == ("eager", "compiled")
+    for key in gpu.PARITY_METRICS:  # on a CPU the fused arithmetic is the eager one, to rounding
+        assert compiled[key] == pytest.approx(eager[key], rel=1e-3, abs=1e-3), key

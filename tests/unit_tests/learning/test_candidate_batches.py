@@ -9,7 +9,7 @@ import torch
 
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.transitions import build_dataset
-from evoharness_agent.learning.algorithms import ALGORITHMS, Dims, ToolInputs, make_algorithm
+from evoharness_agent.learning.algorithms import ALGORITHMS, Algorithm, Dims, ToolInputs, make_algorithm
 from evoharness_agent.learning.algorithms.base import score_decisions
 from evoharness_agent.learning.calibration import fit_calibration
 from evoharness_agent.learning.networks import DENSE_TABLE_FACTOR, NetworkConfig, masked_scores
@@ -87,3 +87,64 @@ def test_validation_scores_each_decision_over_its_candidates_like_the_whole_tabl
     assert figures["val/top1"] == pytest.approx(float(top1))
     assert figures["val/finish_acc"] == pytest.approx(float(((whole.argmax(1) == finish) == ~is_tool).float().mean()))
     assert 0.0 < fit_calibration(algorithm, data, index)["temperature"]
+
+
+def _recording_compile(monkeypatch: pytest.MonkeyPatch, backend: str | None = None) -> list[torch.fx.GraphModule]:
+    """Make ``torch.compile`` record the graphs it captures; with no ``backend``, run them as captured."""
+    graphs: list[torch.fx.GraphModule] = []
+    compile_ = torch.compile
+
+    def capture(graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        graphs.append(graph)
+        return graph.forward if backend is None else torch._dynamo.lookup_backend(backend)(graph, example_inputs)
+
+    torch._dynamo.reset()  # each test captures its own graphs
+    monkeypatch.setattr(torch, "compile", lambda module: compile_(module, backend=capture))
+    return graphs
+
+
+def _compiled_against_eager(name: str, encoder: StateEncoder, steps: int) -> tuple[dict, dict, Algorithm, Algorithm]:
+    """Train one algorithm eager and a copy compiled on the same batches; return their last logs and both."""
+    data = build_dataset([episode(i) for i in range(10)], encoder, history_window=2)
+    dims = Dims(data.state_dim, int(data.tools.embeddings.shape[1]), len(data.tools.specs))
+    torch.manual_seed(0)
+    eager = make_algorithm(name, {}, dims, NetworkConfig(hidden=8, dropout=0.0),
+                           ToolInputs(data.tools.embeddings, torch.arange(len(data.tools.specs))))
+    compiled = copy.deepcopy(eager)
+    compiled.compile_training()
+    generator = torch.Generator().manual_seed(2)
+    for _ in range(steps):
+        batch = data.sample(16, generator)
+        logs_eager, logs_compiled = eager.update(batch), compiled.update(batch)
+    return logs_eager, logs_compiled, eager, compiled
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_compiled_training_passes_update_as_eager_ones(name: str, encoder: StateEncoder,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # Dynamo's capture, run as captured: the wiring in seconds (inductor's code: the slow test below).
+    graphs = _recording_compile(monkeypatch)
+    logs_eager, logs_compiled, eager, compiled = _compiled_against_eager(name, encoder, steps=3)
+    assert graphs, "no pass went through the compiled scorers"
+    for key, value in logs_eager.items():
+        assert float(logs_compiled[key]) == pytest.approx(float(value), rel=1e-5, abs=1e-6), key
+    # The wrappers share the modules' parameters: checkpoints and policies see plain modules.
+    assert compiled.state_dict().keys() == eager.state_dict().keys()
+    for key, module in eager.modules.items():
+        for a, b in zip(module.parameters(), compiled.modules[key].parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # Acting stays eager: scoring captures nothing more.
+    captured = len(graphs)
+    compiled.set_training(False)
+    batch = build_dataset([episode(1)], encoder, history_window=2).batch(torch.arange(2), candidates_only=True)
+    compiled.scores(batch.states, batch.pairs, batch.candidates)
+    assert len(graphs) == captured
+
+
+@pytest.mark.slow
+def test_inductor_compiled_cql_trains_like_eager(encoder: StateEncoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    graphs = _recording_compile(monkeypatch, backend="inductor")
+    logs_eager, logs_compiled, _, _ = _compiled_against_eager("cql", encoder, steps=5)
+    assert graphs
+    for key, value in logs_eager.items():  # fused kernels sum in another order
+        assert float(logs_compiled[key]) == pytest.approx(float(value), rel=1e-3, abs=1e-4), key
