@@ -377,6 +377,8 @@ def load_policy(path: str | Path, device: str) -> tuple[Algorithm, dict[str, Any
     except (TypeError, ValueError) as error:  # settings the algorithm does not have, or of the wrong kind
         raise PolicyFormatError(f"{directory / POLICY_META}: field 'params': {error}") from None
     _load_acting(directory, meta, algorithm)
+    for module in algorithm.modules.values():
+        module.requires_grad_(False)  # a policy acts: its scorers may reuse their tool side between decisions
     return algorithm.to(device), meta
 
 

@@ -199,14 +199,18 @@ class ToolScorer(nn.Module):
         """Return :meth:`encode_tools`, reused while neither the tool table nor a weight has changed.
 
         A live run ranks the same tools at every decision: the tool side needs computing once.
-        The memo holds only outside training, autograd and graph capture (an export must trace
-        the tool side; inference-mode tensors keep no version counters).
+        The memo holds only for a frozen scorer (no parameter requires grad: a loaded policy's, a
+        target copy) outside training, autograd and graph capture (an export must trace the tool
+        side; inference-mode tensors keep no version counters). A fused optimiser step changes
+        weights without bumping their versions, so a scorer being trained never reuses its tool
+        side: evaluating it between steps would score with the weights of its first evaluation.
         """
         if (self.training or torch.is_grad_enabled() or torch.is_inference_mode_enabled()
-                or torch.compiler.is_compiling() or torch.jit.is_tracing()):
+                or torch.compiler.is_compiling() or torch.jit.is_tracing()
+                or any(p.requires_grad for p in self.parameters())):
             return self.encode_tools(tool_embeddings, tool_ids)
-        # Every in-place change (an optimiser step, Polyak, load_state_dict) bumps a version;
-        # moving the module (``.to``, ``.data =``) changes the storage.
+        # Every other in-place change (Polyak, load_state_dict) bumps a version; moving the module
+        # (``.to``, ``.data =``) changes the storage.
         versions = (tool_embeddings._version, *((p._version, p.data_ptr()) for p in self.parameters()))
         memo = self._tool_memo
         if memo is not None and memo[0] is tool_embeddings and memo[1] is tool_ids and memo[2] == versions:

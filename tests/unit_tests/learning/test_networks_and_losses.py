@@ -123,7 +123,7 @@ def test_untrained_scorer_ranks_by_request_similarity() -> None:
 
 def test_inference_reuses_the_tool_side_until_the_table_or_a_weight_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
-    scorer = ToolScorer(STATE_DIM, TOOL_DIM, N_TOOLS, NET).eval()
+    scorer = ToolScorer(STATE_DIM, TOOL_DIM, N_TOOLS, NET).eval().requires_grad_(False)  # as a loaded policy's
     calls = []
     encode_tools = scorer.encode_tools
     monkeypatch.setattr(scorer, "encode_tools", lambda *args: calls.append(1) or encode_tools(*args))
@@ -146,6 +146,17 @@ def test_inference_reuses_the_tool_side_until_the_table_or_a_weight_changes(monk
     with torch.inference_mode():
         scorer(states, tools, ids)
     assert len(calls) == 8
+    # A scorer being trained never reuses it: a fused optimiser step bumps no version counter.
+    scorer.eval().requires_grad_(True)
+    optimizer = torch.optim.Adam(scorer.parameters(), lr=0.1, fused=True)
+    with torch.no_grad():
+        before = scorer(states, tools, ids)
+    scorer(states, tools, ids).sum().backward()
+    optimizer.step()
+    with torch.no_grad():
+        after = scorer(states, tools, ids)
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after, scorer(states, tools, ids).detach())  # autograd on: computed afresh
 
 
 def test_bc_loss_is_masked_cross_entropy() -> None:
