@@ -17,12 +17,15 @@ Run (on a machine with a GPU): ``python benchmarks/gpu.py [--json OUT]``; ``--de
    process starts, its warm-up (compiling included) timed too.
 2. Encoder. ``StateEncoder`` (all-MiniLM-L6-v2, the package's default) on the device embeds
    ``--texts`` distinct step-like texts (no cache): texts/s, at ``--encode-batch``.
-3. Compiled against eager on real logs. ``train_on_episodes`` trains CQL on bundled logs (tau2-bench
+3. Number formats on real logs. ``train_on_episodes`` trains CQL on bundled logs (tau2-bench
    retail, BFCL multi-turn base, the gpt-4o airline runs) for ``--parity-steps`` steps of
-   ``--parity-batch``, eager then compiled, without dropout (whose masks a compiled graph draws
-   its own way), and prints each run's seconds and final losses, mean Q and validation top-1: the
-   two do the same arithmetic, fused or not. On the first H200 they did not agree (mean Q 1.04
-   eager, 4.21 compiled) where on CPU they do; this is the check that says whether they do now.
+   ``--parity-batch``, without dropout (whose masks a compiled graph draws its own way): eager
+   under bf16 autocast, the same with cuBLAS's bf16 products reducing in fp32, eager in fp32, and
+   compiled under bf16 autocast; it prints each run's seconds and final losses, mean Q and
+   validation top-1. On the first H200 eager bf16 settled at mean Q 1.04 where compiled bf16 gave
+   4.21, and bf16 on a CPU with AMX 4.08 eager and 4.12 compiled: this says which way of computing
+   drifts there. It also reports whether Polyak's update bumps the target's version counters on
+   the device (a target copy reuses its tool side while they stand still).
 
 The figures are printed (and written with ``--json``) for the README; nothing is asserted.
 The issue's target: >= 5M training transitions/s on an H200-class GPU.
@@ -44,6 +47,7 @@ from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.encoding.state import AVAILABLE, IS_FINISH, N_PAIR_FEATURES, N_STATE_FEATURES, n_slots
 from evoharness_agent.encoding.transitions import ToolTable, TransitionDataset
 from evoharness_agent.learning.algorithms import Dims, ToolInputs, make_algorithm
+from evoharness_agent.learning.algorithms.base import polyak
 from evoharness_agent.learning.config import load_config
 from evoharness_agent.learning.networks import NetworkConfig
 from evoharness_agent.learning.precision import training_autocast
@@ -152,26 +156,49 @@ def encoder_rate(device: str, n_texts: int, batch_size: int) -> float:
 
 
 PARITY_METRICS = ("loss/td", "loss/cql", "q/mean", "val/top1")
+PARITY_RUNS = (  # name, training.compile, training.bf16, cuBLAS's bf16 products may reduce in bf16
+    ("eager", False, True, True),
+    ("eager, fp32 reductions", False, True, False),
+    ("eager fp32", False, False, True),
+    ("compiled", True, True, True),
+)
+
+
+def polyak_bumps_versions(device: str) -> bool:
+    """Whether Polyak's in-place update bumps a target's version counters on ``device``.
+
+    A target copy reuses its tool side while they stand still (``ToolScorer._tool_features``): if
+    they did not move on a device, its targets would keep their first tool side there.
+    """
+    target, source = torch.nn.Linear(4, 4).to(device), torch.nn.Linear(4, 4).to(device)
+    before = [p._version for p in target.parameters()]
+    polyak(target, source, 0.5)
+    return all(p._version > version for p, version in zip(target.parameters(), before, strict=True))
 
 
 def compile_parity(device: str, steps: int, batch_size: int, seed: int) -> list[dict[str, Any]]:
-    """Train CQL on bundled logs eager, then compiled (no dropout); return each run's seconds and final metrics."""
+    """Train CQL on bundled logs in each of :data:`PARITY_RUNS`' ways (no dropout); return their seconds and metrics."""
     episodes = [episode for path in (tau2_retail_path(), *bfcl_paths(["base"]), gpt4o_airline_path())
                 for episode in read_native(path)]
     runs: list[dict[str, Any]] = []
+    matmul = torch.backends.cuda.matmul
+    reduced = matmul.allow_bf16_reduced_precision_reduction
     with tempfile.TemporaryDirectory() as scratch:
-        for compiled in (False, True):
+        for k, (mode, compiled, bf16, bf16_reductions) in enumerate(PARITY_RUNS):
             torch._dynamo.reset()
             config = load_config(None, {
                 "model": {"dropout": 0.0}, "logging": {"tensorboard": False},
                 "training": {"steps": steps, "batch_size": batch_size, "device": device, "seed": seed,
-                             "calibration_folds": 0, "compile": compiled}})
-            mode = "compiled" if compiled else "eager"
+                             "calibration_folds": 0, "compile": compiled, "bf16": bf16}})
+            matmul.allow_bf16_reduced_precision_reduction = bf16_reductions
             start = time.perf_counter()
-            result = train_on_episodes(episodes, config, Path(scratch) / mode, show_progress=False)
+            try:
+                result = train_on_episodes(episodes, config, Path(scratch) / str(k), show_progress=False)
+            finally:
+                matmul.allow_bf16_reduced_precision_reduction = reduced
             runs.append({"mode": mode, "seconds": time.perf_counter() - start,
                          **{key: float(result[key]) for key in PARITY_METRICS}})
-            print(f"parity {mode:>8}: {runs[-1]['seconds']:6.1f} s  "
+            print(f"parity {mode:>22}: {runs[-1]['seconds']:6.1f} s  "
                   + "  ".join(f"{key} {runs[-1][key]:.4f}" for key in PARITY_METRICS))
     return runs
 
@@ -220,6 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"encode all-MiniLM-L6-v2, batch {args.encode_batch}: {texts_per_s:,.0f} texts/s")
     name = torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu"
     peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
+    bumps = polyak_bumps_versions(device)
+    print(f"Polyak bumps the target's version counters on {device}: {bumps}")
     parity = compile_parity(device, args.parity_steps, args.parity_batch, args.seed) if args.parity_steps else []
     report = {
         "device": device, "device_name": name, "torch": torch.__version__, "transitions": args.transitions,
@@ -227,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
         "table_dtype": args.table_dtype, "resident_bytes": resident, "build_seconds": build,
         "peak_device_bytes": peak, "updates": args.updates, "training": training,
         "encoder": {"texts": args.texts, "batch_size": args.encode_batch, "texts_per_s": texts_per_s},
+        "polyak_bumps_versions": bumps,
         "compile_parity": {"steps": args.parity_steps, "batch_size": args.parity_batch, "runs": parity},
     }
     print(f"{name}: data set resident on {device}, {resident / 2**30:.2f} GiB ({args.table_dtype} embeddings)"
