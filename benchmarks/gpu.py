@@ -176,7 +176,7 @@ def polyak_bumps_versions(device: str) -> bool:
     return all(p._version > version for p, version in zip(target.parameters(), before, strict=True))
 
 
-def compile_parity(device: str, steps: int, batch_size: int, seed: int) -> list[dict[str, Any]]:
+def number_format_parity(device: str, steps: int, batch_size: int, seed: int) -> list[dict[str, Any]]:
     """Train CQL on bundled logs in each of :data:`PARITY_RUNS`' ways (no dropout); return their seconds and metrics."""
     episodes = [episode for path in (tau2_retail_path(), *bfcl_paths(["base"]), gpt4o_airline_path())
                 for episode in read_native(path)]
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--table-dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--texts", type=int, default=20_000, help="texts the encoder embeds")
     parser.add_argument("--encode-batch", type=int, default=512)
-    parser.add_argument("--parity-steps", type=int, default=1500, help="0: no compiled-against-eager check")
+    parser.add_argument("--parity-steps", type=int, default=1500, help="0: no number-format comparison on real logs")
     parser.add_argument("--parity-batch", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
     bumps = polyak_bumps_versions(device)
     print(f"Polyak bumps the target's version counters on {device}: {bumps}")
-    parity = compile_parity(device, args.parity_steps, args.parity_batch, args.seed) if args.parity_steps else []
+    parity = number_format_parity(device, args.parity_steps, args.parity_batch, args.seed) if args.parity_steps else []
     report = {
         "device": device, "device_name": name, "torch": torch.__version__, "transitions": args.transitions,
         "unique_texts": args.unique_texts, "tools": args.tools, "candidates": args.candidates,
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
         "peak_device_bytes": peak, "updates": args.updates, "training": training,
         "encoder": {"texts": args.texts, "batch_size": args.encode_batch, "texts_per_s": texts_per_s},
         "polyak_bumps_versions": bumps,
-        "compile_parity": {"steps": args.parity_steps, "batch_size": args.parity_batch, "runs": parity},
+        "number_format_parity": {"steps": args.parity_steps, "batch_size": args.parity_batch, "runs": parity},
     }
     print(f"{name}: data set resident on {device}, {resident / 2**30:.2f} GiB ({args.table_dtype} embeddings)"
           + (f", peak {peak / 2**30:.2f} GiB allocated" if peak else ""))

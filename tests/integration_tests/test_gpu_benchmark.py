@@ -38,7 +38,7 @@ def test_gpu_check_compiles_the_training_passes_on_cpu(tmp_path: Path, monkeypat
     report = json.loads(out.read_text())
     (row,) = report["training"]
     assert row["mode"] == "compiled" and row["transitions_per_s"] > 0 and row["warmup_seconds"] > 0
-    eager, *others = report["compile_parity"]["runs"]
+    eager, *others = report["number_format_parity"]["runs"]
     assert [run["mode"] for run in [eager, *others]] == [name for name, *_ in gpu.PARITY_RUNS]
     for run in others:  # fused or not, one arithmetic to rounding; fp32 against bf16 autocast where it is native
         tolerance = 2e-2 if run["mode"] == "eager fp32" else 1e-3
