@@ -23,9 +23,10 @@ Run (on a machine with a GPU): ``python benchmarks/gpu.py [--json OUT]``; ``--de
    under bf16 autocast, the same with cuBLAS's bf16 products reducing in fp32, eager in fp32, and
    compiled under bf16 autocast; it prints each run's seconds and final losses, mean Q and
    validation top-1. On the first H200 eager bf16 settled at mean Q 1.04 where compiled bf16 gave
-   4.21, and bf16 on a CPU with AMX 4.08 eager and 4.12 compiled: this says which way of computing
-   drifts there. It also reports whether Polyak's update bumps the target's version counters on
-   the device (a target copy reuses its tool side while they stand still).
+   4.21, and bf16 on a CPU with AMX 4.08 eager and 4.12 compiled: a target copy reused its first
+   step's tool side there, because CUDA's ``_foreach_lerp_`` bumps no version counter (fixed:
+   ``ToolScorer._tool_features``); the four runs should now agree. It also reports whether
+   Polyak's update bumps the target's version counters on the device (expected: not on CUDA).
 
 The figures are printed (and written with ``--json``) for the README; nothing is asserted.
 The issue's target: >= 5M training transitions/s on an H200-class GPU.
@@ -167,8 +168,8 @@ PARITY_RUNS = (  # name, training.compile, training.bf16, cuBLAS's bf16 products
 def polyak_bumps_versions(device: str) -> bool:
     """Whether Polyak's in-place update bumps a target's version counters on ``device``.
 
-    A target copy reuses its tool side while they stand still (``ToolScorer._tool_features``): if
-    they did not move on a device, its targets would keep their first tool side there.
+    A target copy once reused its tool side while they stood still, and on CUDA they do: its
+    targets kept their first tool side there (``ToolScorer._tool_features`` no longer trusts them).
     """
     target, source = torch.nn.Linear(4, 4).to(device), torch.nn.Linear(4, 4).to(device)
     before = [p._version for p in target.parameters()]

@@ -35,7 +35,7 @@ from safetensors.torch import load, load_file, save_file
 
 from evoharness_agent.encoding.state import STATE_LAYOUT_VERSION, state_dim
 from evoharness_agent.learning.algorithms import ALGORITHMS, Algorithm, Dims, ToolInputs, make_algorithm
-from evoharness_agent.learning.networks import NetworkConfig
+from evoharness_agent.learning.networks import NetworkConfig, ToolScorer
 
 __all__ = [
     "CHECKPOINT",
@@ -378,7 +378,9 @@ def load_policy(path: str | Path, device: str) -> tuple[Algorithm, dict[str, Any
         raise PolicyFormatError(f"{directory / POLICY_META}: field 'params': {error}") from None
     _load_acting(directory, meta, algorithm)
     for module in algorithm.modules.values():
-        module.requires_grad_(False)  # a policy acts: its scorers may reuse their tool side between decisions
+        module.requires_grad_(False)
+        if isinstance(module, ToolScorer):
+            module.freeze_for_acting()  # a policy acts: its scorers reuse their tool side between decisions
     return algorithm.to(device), meta
 
 

@@ -183,14 +183,12 @@ class TrainingSection(_Section):
     checkpoint_every: int = Field(default=500, ge=1)
     """Steps between atomic checkpoints (``--resume`` continues from the last)."""
     bf16: bool = True
-    """bf16 autocast for updates where bf16 is native (GPUs; CPUs with AVX512-BF16 or AMX). On an H200,
-    eager bf16 training drifted from what the same run gives compiled or on a CPU (README, "Scaling")."""
+    """bf16 autocast for updates where bf16 is native (GPUs; CPUs with AVX512-BF16 or AMX)."""
     compile: bool = False
     """Compile the scorers' training passes with ``torch.compile`` (``AlgorithmBase.compile_training``):
     for long runs on a GPU (an H200 took 21 ms a CQL step at batch 131,072 against 39 eager). Off by
     default: compiling takes tens of seconds, more than a fine-tune of a few thousand small steps
-    saves, and on 2 CPU cores it gained nothing. On that H200 it trained as the CPU does (mean Q
-    4.21 against 4.08 on real logs) where eager bf16 drifted (1.04; README, "Scaling")."""
+    saves, and on 2 CPU cores it gained nothing."""
     calibration_folds: int | Literal["auto", "domain"] = "auto"
     """``auto``: 5 folds (as many as the training tasks, if fewer) when the validation split holds fewer
     than 200 decisions (``calibration.FEW_DECISIONS``), else 0 (:meth:`TrainingSection.with_folds`; 0 in a

@@ -187,6 +187,7 @@ class ToolScorer(nn.Module):
         self.pair_weight = nn.Parameter(torch.zeros(N_PAIR_FEATURES))
         self.context_weight = nn.Parameter(torch.zeros(N_CONTEXT_FEATURES))
         self._tool_memo: tuple[Any, ...] | None = None
+        self._reuses_tool_side = False
 
     def encode_tools(self, tool_embeddings: torch.Tensor, tool_ids: torch.Tensor | None) -> torch.Tensor:
         """Return ``(N, k)`` tool features: tower output, the two bilinear maps' images, bias."""
@@ -195,22 +196,30 @@ class ToolScorer(nn.Module):
         mapped = [tool_embeddings @ self.request_map.weight, tool_embeddings @ self.previous_map.weight]
         return torch.cat([features, *mapped, self.tool_bias(tool_ids, features)], dim=-1)
 
+    def freeze_for_acting(self) -> None:
+        """Freeze the weights so that the tool side is computed once per tool table and reused."""
+        self.requires_grad_(False)
+        self._reuses_tool_side = True
+
     def _tool_features(self, tool_embeddings: torch.Tensor, tool_ids: torch.Tensor | None) -> torch.Tensor:
         """Return :meth:`encode_tools`, reused while neither the tool table nor a weight has changed.
 
         A live run ranks the same tools at every decision: the tool side needs computing once.
-        The memo holds only for a frozen scorer (no parameter requires grad: a loaded policy's, a
-        target copy) outside training, autograd and graph capture (an export must trace the tool
-        side; inference-mode tensors keep no version counters). A fused optimiser step changes
-        weights without bumping their versions, so a scorer being trained never reuses its tool
-        side: evaluating it between steps would score with the weights of its first evaluation.
+        The memo holds only for a scorer frozen for acting (:meth:`freeze_for_acting`: a loaded
+        policy's) outside training, autograd and graph capture (an export must trace the tool
+        side; inference-mode tensors keep no version counters). It is keyed on version counters,
+        which only ops with an autograd in-place kernel bump: CUDA's foreach and fused kernels
+        (Polyak's ``_foreach_lerp_``, fused Adam) change weights without, so a scorer being
+        trained, or a target copy, never reuses its tool side. A target copy that did scored
+        every step with its first step's tool side on a GPU (mean Q 1.04 against 4.21 compiled
+        on an H200; on CPU, where Polyak decomposes into ``lerp_`` calls, the memo never hit).
         """
-        if (self.training or torch.is_grad_enabled() or torch.is_inference_mode_enabled()
-                or torch.compiler.is_compiling() or torch.jit.is_tracing()
+        if (not self._reuses_tool_side or self.training or torch.is_grad_enabled()
+                or torch.is_inference_mode_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing()
                 or any(p.requires_grad for p in self.parameters())):
             return self.encode_tools(tool_embeddings, tool_ids)
-        # Every other in-place change (Polyak, load_state_dict) bumps a version; moving the module
-        # (``.to``, ``.data =``) changes the storage.
+        # load_state_dict writes with copy_, which bumps a version on every device; moving the
+        # module (``.to``, ``.data =``) changes the storage.
         versions = (tool_embeddings._version, *((p._version, p.data_ptr()) for p in self.parameters()))
         memo = self._tool_memo
         if memo is not None and memo[0] is tool_embeddings and memo[1] is tool_ids and memo[2] == versions:

@@ -123,7 +123,8 @@ def test_untrained_scorer_ranks_by_request_similarity() -> None:
 
 def test_inference_reuses_the_tool_side_until_the_table_or_a_weight_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
-    scorer = ToolScorer(STATE_DIM, TOOL_DIM, N_TOOLS, NET).eval().requires_grad_(False)  # as a loaded policy's
+    scorer = ToolScorer(STATE_DIM, TOOL_DIM, N_TOOLS, NET).eval()
+    scorer.freeze_for_acting()  # as a loaded policy's
     calls = []
     encode_tools = scorer.encode_tools
     monkeypatch.setattr(scorer, "encode_tools", lambda *args: calls.append(1) or encode_tools(*args))
@@ -134,7 +135,7 @@ def test_inference_reuses_the_tool_side_until_the_table_or_a_weight_changes(monk
         scorer(states, tools.clone(), ids)  # another table
         scorer(states, tools, ids)
         assert len(calls) == 3
-        scorer.tool_tower[0].weight.add_(0.0)  # any in-place write to a weight (optimiser, Polyak, load)
+        scorer.tool_tower[0].weight.add_(0.0)  # an in-place write to a weight that bumps its version (a load)
         scorer(states, tools, ids)
         assert len(calls) == 4
         tools.mul_(-1.0)  # the table itself edited in place
@@ -157,6 +158,23 @@ def test_inference_reuses_the_tool_side_until_the_table_or_a_weight_changes(monk
         after = scorer(states, tools, ids)
     assert not torch.allclose(after, before)
     torch.testing.assert_close(after, scorer(states, tools, ids).detach())  # autograd on: computed afresh
+
+
+def test_a_target_copy_scores_with_its_current_weights_however_they_were_written() -> None:
+    # CUDA's foreach kernels (Polyak's _foreach_lerp_) bump no version counter; writing through
+    # .data does the same on CPU. A target copy keyed on versions would keep its first tool side.
+    torch.manual_seed(0)
+    online = ToolScorer(STATE_DIM, TOOL_DIM, N_TOOLS, NET)
+    target = copy.deepcopy(online).requires_grad_(False).eval()  # as CQL, BCQ and IQL keep theirs
+    states, tools, ids = torch.randn(3, STATE_DIM), unit_rows(N_TOOLS, TOOL_DIM, 1), torch.arange(N_TOOLS)
+    with torch.no_grad():
+        first = target(states, tools, ids)
+        for weight, source in zip(target.parameters(), online.parameters(), strict=True):
+            weight.data.lerp_(source.data + 1.0, 0.5)
+        moved = target(states, tools, ids)
+        target._tool_memo = None
+        assert not torch.allclose(moved, first)
+        torch.testing.assert_close(moved, target(states, tools, ids))
 
 
 def test_bc_loss_is_masked_cross_entropy() -> None:
