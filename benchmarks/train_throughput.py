@@ -38,7 +38,8 @@ about speed (the same-MLP's parameter count and initial outputs are checked agai
 The arithmetic ceiling: the floor's update is counted in floating-point operations per
 transition (``torch.utils.flop_counter``; the same-MLP and d3rlpy do the same products), and
 this machine's matrix-multiply rate is measured on the update's largest product at the same
-batch size and threads. No loop doing this arithmetic runs faster than that rate, so
+batch size and threads, in the number format the floor and our loops run in (bf16 autocast
+where the CPU multiplies bf16 natively). No loop doing this arithmetic runs faster than that rate, so
 ``ceiling/d3rlpy`` = matmul rate / d3rlpy's rate is the most any loop can gain over d3rlpy here.
 ``--compile`` adds ``floor-compiled``: the floor's update under ``torch.compile`` (inductor's
 fused C++ kernels), to see whether fusing the small operations beats eager PyTorch.
@@ -364,17 +365,22 @@ def flops_per_transition(floor: Floor) -> float:
     return counter.get_total_flops() / learner.batch_size
 
 
-def matmul_gflops(batch_size: int, input_dim: int, repeats: int = 200) -> float:
-    """This machine's fp32 matrix-multiply rate (GFLOP/s) on the update's largest product, best of three."""
+def matmul_gflops(batch_size: int, input_dim: int, bf16: bool, repeats: int = 200) -> float:
+    """This machine's matrix-multiply rate (GFLOP/s) on the update's largest product, best of three.
+
+    Measured under the autocast the floor and our loops run in (bf16 where the CPU multiplies it
+    natively, ``training_autocast``): a ceiling timed in fp32 would sit below a bf16 floor.
+    """
     states, weights = torch.randn(batch_size, input_dim), torch.randn(input_dim, HIDDEN)
-    for _ in range(10):
-        states @ weights
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(repeats):
+    with training_autocast("cpu", bf16):
+        for _ in range(10):
             states @ weights
-        best = min(best, (time.perf_counter() - start) / repeats)
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                states @ weights
+            best = min(best, (time.perf_counter() - start) / repeats)
     return 2 * batch_size * input_dim * HIDDEN / best / 1e9
 
 
@@ -463,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
         counts = {learner.name: parameters(learner) for learner in learners}
         assert counts["same-mlp"] == counts["d3rlpy"] == counts["floor"], counts
         flops = flops_per_transition(floor_learner)
-        matmul = matmul_gflops(batch_size, their_learner.input_dim)
+        matmul = matmul_gflops(batch_size, their_learner.input_dim, args.bf16)
         updates = args.updates or (20 if batch_size <= 512 else 5)
         for mode, resample in (("sample+update", True), ("update", False)):
             rates = interleaved(learners, updates, args.rounds, args.warmup, resample)

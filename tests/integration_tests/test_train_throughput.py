@@ -38,7 +38,7 @@ def test_the_floor_update_counts_three_forward_passes_and_one_backward() -> None
 
 
 def test_the_matmul_rate_is_a_positive_rate() -> None:
-    assert throughput.matmul_gflops(32, throughput.STATE_DIM, repeats=5) > 0.0
+    assert throughput.matmul_gflops(32, throughput.STATE_DIM, bf16=True, repeats=5) > 0.0
 
 
 @pytest.mark.slow
