@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 
 import pytest
 import torch
@@ -139,6 +140,40 @@ def test_compiled_training_passes_update_as_eager_ones(name: str, encoder: State
     batch = build_dataset([episode(1)], encoder, history_window=2).batch(torch.arange(2), candidates_only=True)
     compiled.scores(batch.states, batch.pairs, batch.candidates)
     assert len(graphs) == captured
+
+
+@pytest.mark.parametrize("name", ["bcq", "cql", "iql"])
+def test_training_does_not_depend_on_polyak_bumping_version_counters(name: str, encoder: StateEncoder,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # On CUDA Polyak's _foreach_lerp_ is one kernel that bumps no version counter (on CPU it runs
+    # as per-weight lerp_ calls, which do); writing through .data does the same here. A target
+    # copy that cached its tool side on those counters trained on its first step's tool side.
+    few = [Episode(id=f"f{i}", task=f"Request number {i}", tools=TOOLS[:3], reward=float(i % 2),
+                   steps=[*(Step(tool=TOOLS[(i + k) % 3].name, observation=f"result {k}") for k in range(2)),
+                          Step(kind="assistant", content="done")]) for i in range(8)]
+    data = build_dataset(few, encoder, history_window=2)  # 4 tools, all candidates: the whole table scored
+    dims = Dims(data.state_dim, int(data.tools.embeddings.shape[1]), len(data.tools.specs))
+    torch.manual_seed(0)
+    bumping = make_algorithm(name, {}, dims, NetworkConfig(hidden=8, dropout=0.0),
+                             ToolInputs(data.tools.embeddings, torch.arange(len(data.tools.specs))))
+    silent = copy.deepcopy(bumping)
+    module = importlib.import_module(f"evoharness_agent.learning.algorithms.{name}")
+    real_polyak = module.polyak
+
+    @torch.no_grad()
+    def polyak_without_versions(target: torch.nn.Module, source: torch.nn.Module, tau: float) -> None:
+        for weight, moved in zip(target.parameters(), source.parameters(), strict=True):
+            weight.data.lerp_(moved.data, tau)
+
+    generator = torch.Generator().manual_seed(2)
+    for _ in range(5):
+        batch = data.sample(16, generator)
+        monkeypatch.setattr(module, "polyak", real_polyak)
+        logs_bumping = bumping.update(batch)
+        monkeypatch.setattr(module, "polyak", polyak_without_versions)
+        logs_silent = silent.update(batch)
+        for key, value in logs_bumping.items():
+            assert float(logs_silent[key]) == pytest.approx(float(value), rel=1e-6, abs=1e-7), key
 
 
 @pytest.mark.slow
