@@ -20,8 +20,10 @@ default thread count for all:
   PyTorch, batches by one ``index_select``: no loop does the same arithmetic faster here, so
   ``floor/d3rlpy`` is the most that ``same-mlp/d3rlpy`` can reach on this machine.
 
-Ours runs its updates as the trainer does: under bf16 autocast where the CPU multiplies bf16
-natively (``--no-bf16``: fp32); d3rlpy runs as it does by default, in fp32. Each measurement is
+Ours runs its updates as the trainer does with ``training.bf16: true``: under bf16 autocast
+where the CPU multiplies bf16 natively (``--no-bf16``: fp32, as the trainer's CPU default, which
+suits the package's narrow scorers; these learners are 256 wide); d3rlpy runs as it does by
+default, in fp32. Each measurement is
 a fixed number of updates after a warm-up, and the learners run interleaved in one process
 (ours, same-mlp, d3rlpy, ours, ...), so that a noisy machine slows all alike. A throughput is
 transitions per second: ``batch_size * updates / seconds``; a figure is the median over rounds.

@@ -182,8 +182,12 @@ class TrainingSection(_Section):
     """Steps between validation measurements."""
     checkpoint_every: int = Field(default=500, ge=1)
     """Steps between atomic checkpoints (``--resume`` continues from the last)."""
-    bf16: bool = True
-    """bf16 autocast for updates where bf16 is native (GPUs; CPUs with AVX512-BF16 or AMX)."""
+    bf16: bool | Literal["auto"] = "auto"
+    """bf16 autocast for updates where bf16 is native. ``auto``: on GPUs, not on CPUs, where the
+    package's scorers update slower under it (CQL at batch 256 on a 2-core CPU with AMX: 12.1 ms a
+    step against 9.8 in fp32 on BFCL's logs, 9.3 against 6.9 on tau2-bench retail's; no faster at
+    4,096). ``true``: CPUs with AVX512-BF16 or AMX too (a wide scorer gains there: ``make bench``'s
+    256-wide MLP 2x). ``false``: fp32 everywhere."""
     compile: bool = False
     """Compile the scorers' training passes with ``torch.compile`` (``AlgorithmBase.compile_training``):
     for long runs on a GPU (an H200 took 21 ms a CQL step at batch 131,072 against 39 eager). Off by

@@ -4,8 +4,8 @@ The loop is deliberately lean: transitions live on the device as tensors, a batc
 ``randint`` plus ``index_select``, each network runs one differentiable forward pass per
 step (next states go through ``no_grad`` passes, so backward touches B rows, not 2B), Adam is
 fused, target networks move with one foreach op, matrix products run in bf16 (autocast)
-where the hardware multiplies bf16 natively (recent GPUs; CPUs with AVX512-BF16 or AMX, where
-they are ~5x faster than fp32), and losses reach the CPU only every ``log_every`` steps. A
+on GPUs that multiply bf16 natively (``training.bf16``; on CPUs only when asked, see
+:mod:`~evoharness_agent.learning.precision`), and losses reach the CPU only every ``log_every`` steps. A
 checkpoint (weights, optimiser, generator state) is written atomically every
 ``checkpoint_every`` steps; ``resume=True`` continues from it.
 """

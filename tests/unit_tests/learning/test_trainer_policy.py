@@ -370,15 +370,17 @@ def test_a_fine_tune_with_unset_steps_records_the_steps_it_took(
     assert json.loads((out / "train_log.json").read_text())[-1]["step"] == FINE_TUNE_STEPS[0]
 
 
-def test_bf16_autocast_only_where_native(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bf16_autocast_only_where_native_and_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     weights = torch.randn(4, 4)
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
-    with precision.training_autocast("cpu"):
+    with precision.training_autocast("cpu", True):
         assert (weights @ weights).dtype == torch.bfloat16
-    with precision.training_autocast("cpu", enabled=False):
-        assert (weights @ weights).dtype == torch.float32
+    for bf16 in (False, "auto"):  # auto: a CPU updates the package's narrow scorers faster in fp32
+        with precision.training_autocast("cpu", bf16):
+            assert (weights @ weights).dtype == torch.float32
+    assert TrainConfig().training.bf16 == "auto"
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
-    with precision.training_autocast("cpu"):  # emulated bf16 would be slower than fp32
+    with precision.training_autocast("cpu", True):  # emulated bf16 would be slower than fp32
         assert (weights @ weights).dtype == torch.float32
 
 
