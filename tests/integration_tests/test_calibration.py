@@ -3,7 +3,7 @@
 CQL trains on BFCL multi-turn's training scenarios (number not 0 mod 5; base and long_context),
 fits its temperature on the validation episodes when training ends, and is measured on the
 held-out scenarios' live decisions (every tool call and reply, FINISH among the candidates),
-with the fitted ``T`` and with ``T = 1``. Measured here (2 CPU cores, bf16 autocast), held-out
+with the fitted ``T`` and with ``T = 1``. Measured here (2 CPU cores, bf16 autocast, the CPU default then), held-out
 ECE at T = 1 → calibrated: seed 0 (this test) 0.175 → 0.12-0.13 (T = 0.57), seed 1 0.198 →
 0.136, seed 2 0.211 → 0.157; coverage at 95% accuracy stays ~0.03-0.08 (the most confident
 decisions are ~81% right: a temperature rescales confidence, it cannot reorder it).
