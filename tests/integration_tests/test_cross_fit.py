@@ -1,9 +1,13 @@
 """Cross-fitted calibration on real data: fine-tuning the shipped default on ten tau2-bench retail tasks.
 
-Ten tasks leave the validation split one task (2 decisions); the temperature fit on them alone
-gave an ECE of 0.45 on the 14 held-out tasks, the cross-fitted one 0.15
-(``benchmarks/fine_tune.py``, 2026-12-03). Both temperatures come from the same run: the
-policy records what its validation split alone would have fit (``temperature_validation``).
+Ten tasks leave the validation split one task (2 decisions); cross-fitting fits the temperature
+on 43 out-of-fold decisions as well. Measured (2026-12-04, fp32, 1,500 steps): T 1.96 cross-fitted,
+held-out ECE 0.138; the 2-decision split alone gave T 2.23, ECE 0.091 (0.113 under bf16
+autocast). Before the stale-evaluation fix of 2026-12-04 the split alone gave an ECE of 0.45
+(``benchmarks/fine_tune.py``, 2026-12-03), and this test asserted it was above 0.25; now the two
+temperatures land close on this set, and which is better is left to
+``benchmarks/fine_tune.py``'s 16 runs (cross-fitted ECE lower in 9, mean 0.136 against 0.167).
+Here: the temperature comes from the out-of-fold decisions, and it calibrates the held-out tasks.
 """
 
 from __future__ import annotations
@@ -40,8 +44,7 @@ def test_cross_fitting_calibrates_a_fine_tune_on_ten_tasks(tmp_path: Path) -> No
     tuned = ToolPolicy.load(tmp_path, encoder=encoder)
     fit = tuned.meta["calibration"]
     assert fit["n_out_of_fold"] > 10 * (fit["n_decisions"] - fit["n_out_of_fold"])  # the validation split: a few
-    alone = ToolPolicy(tuned.algorithm, {**tuned.meta, "calibration": {"temperature": fit["temperature_validation"]}},
-                       encoder)
-    crossed_ece = evaluate_offline(tuned, test, subset, encoder=encoder).calibration.ece
-    alone_ece = evaluate_offline(alone, test, subset, encoder=encoder).calibration.ece
-    assert crossed_ece < 0.25 < alone_ece
+    assert fit["temperature"] != fit["temperature_validation"]  # the folds moved it
+    crossed = evaluate_offline(tuned, test, subset, encoder=encoder).calibration
+    raw = ToolPolicy(tuned.algorithm, {**tuned.meta, "calibration": {"temperature": 1.0}}, encoder)
+    assert crossed.ece < 0.2 and crossed.ece < evaluate_offline(raw, test, subset, encoder=encoder).calibration.ece

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from evoharness_agent.encoding.embedder import STATIC_STEP_MODEL, StateEncoder, model_path
 from evoharness_agent.policy import ToolPolicy
@@ -51,7 +53,8 @@ def test_the_distilled_encoder_embeds_with_meaning_and_a_policy_trains_on_it(tmp
 
 
 def test_the_shipped_step_model_is_what_make_step_model_distils(tmp_path: Path) -> None:
-    # The package's step model is rebuilt, byte for byte, by one command (`make step-model`).
+    # The package's step model is rebuilt by one command (`make step-model`): every file byte for
+    # byte, the weights to one fp16 rounding step.
     out = load_script("distill_static_encoder").distill_static_encoder(tmp_path / "static64", pca_dims=64)
     shipped = Path(model_path(STATIC_STEP_MODEL))
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in shipped.iterdir())
@@ -60,5 +63,13 @@ def test_the_shipped_step_model_is_what_make_step_model_distils(tmp_path: Path) 
             # It records the library versions that wrote it ("__version__"), which differ between machines.
             built, kept = (json.loads(p.read_text("utf-8")) for p in (out / path.name, path))
             assert {**built, "__version__": None} == {**kept, "__version__": None}, path.name
+            continue
+        if path.suffix == ".safetensors":
+            # The distillation's fp32 products round differently on another CPU (AVX2, AVX-512,
+            # AMX kernels): on this one 2% of the fp16 weights came out one rounding step apart.
+            built_weights, kept_weights = load_file(out / path.name), load_file(path)
+            assert built_weights.keys() == kept_weights.keys()
+            for key, kept_weight in kept_weights.items():
+                torch.testing.assert_close(built_weights[key], kept_weight, rtol=2**-9, atol=2**-14)
             continue
         assert (out / path.name).read_bytes() == path.read_bytes(), path.name
