@@ -208,8 +208,8 @@ class ToolScorer(nn.Module):
         The memo holds only for a scorer frozen for acting (:meth:`freeze_for_acting`: a loaded
         policy's) outside training, autograd and graph capture (an export must trace the tool
         side; inference-mode tensors keep no version counters). It is keyed on version counters,
-        which only ops with an autograd in-place kernel bump: CUDA's foreach and fused kernels
-        (Polyak's ``_foreach_lerp_``, fused Adam) change weights without, so a scorer being
+        which only ops with an autograd in-place kernel bump: foreach and fused kernels (Polyak's
+        ``_foreach_lerp_`` on CUDA, fused Adam everywhere) change weights without, so a scorer being
         trained, or a target copy, never reuses its tool side. A target copy that did scored
         every step with its first step's tool side on a GPU (mean Q 1.04 against 4.21 compiled
         on an H200; on CPU, where Polyak decomposes into ``lerp_`` calls, the memo never hit).
