@@ -230,6 +230,17 @@ class TrainingSection(_Section):
             steps = min(max(round(FINE_TUNE_PASSES * n_decisions / self.batch_size), low), high)
         return self.model_copy(update={"steps": steps})
 
+    def check_folds(self, world_size: int) -> None:
+        """Refuse cross-fitting in a data-parallel run (its folds would train on one rank while the others wait).
+
+        ``auto`` is not refused: :meth:`with_folds` resolves it to 0 there.
+        """
+        folds = self.calibration_folds
+        if folds and folds != "auto" and world_size > 1:
+            raise ValueError(f"training.calibration_folds is {folds}, but this run has {world_size} data-parallel "
+                             "processes: cross-fitting is for logs of a few tasks; train in one process, or set "
+                             "it to 0")
+
     def with_folds(self, n_validation_decisions: int, n_tasks: int, world_size: int = 1) -> TrainingSection:
         """Return this section with ``calibration_folds: auto`` set by its rule; a number or ``domain`` as given.
 

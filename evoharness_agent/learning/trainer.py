@@ -163,13 +163,6 @@ def calibration_fold_ids(episodes: Sequence[Episode], ids: Sequence[int], folds:
     return task_folds(episodes, ids, int(folds), seed) if folds and folds != "auto" else []
 
 
-def _check_folds(folds: int | str, world_size: int) -> None:
-    """Refuse cross-fitting in a data-parallel run (its folds would train on one rank while the others wait)."""
-    if folds and folds != "auto" and world_size > 1:
-        raise ValueError(f"training.calibration_folds is {folds}, but this run has {world_size} data-parallel "
-                         "processes: cross-fitting is for logs of a few tasks; train in one process, or set it to 0")
-
-
 def as_trained(episodes: Sequence[Episode], config: TrainConfig) -> list[Episode]:
     """Return ``episodes`` as a run of ``config`` trains on them: answer-only thinned, composed, distractors."""
     seed = config.training.seed
@@ -294,7 +287,7 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     episodes = as_trained(episodes, config)
     train_ids, val_ids = split_episodes(episodes, config.data.val_fraction, config.training.seed)
     folds = config.training.calibration_folds  # checked before the embedding work: too many folds is an error
-    _check_folds(folds, context.world_size)
+    config.training.check_folds(context.world_size)
     fold_ids = calibration_fold_ids(episodes, train_ids, folds, config.training.seed)
     part = context.shard(config.training.batch_size) if context.world_size > 1 else None
 
@@ -431,7 +424,7 @@ def train(config: TrainConfig, out: str | Path, *, init: str | Path | None = Non
     """
     if nproc_per_node > 1:
         Context(world_size=nproc_per_node).shard(config.training.batch_size)  # fail here, not in N children
-        _check_folds(config.training.calibration_folds, nproc_per_node)
+        config.training.check_folds(nproc_per_node)
     episodes = training_set(config.data.bundled) if config.data.bundled else []
     if config.data.paths or not episodes:
         loaded = load_episodes(config.data.paths, config.data.format, skip_invalid=config.data.skip_invalid,

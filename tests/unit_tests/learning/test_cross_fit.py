@@ -96,10 +96,19 @@ def test_auto_folds_cross_fit_only_where_the_validation_split_is_small() -> None
     assert auto.with_folds(FEW_DECISIONS - 1, n_tasks=3).calibration_folds == 3  # a fold per task at most
     assert auto.with_folds(FEW_DECISIONS, n_tasks=40).calibration_folds == 0
     assert auto.with_folds(5, n_tasks=1).calibration_folds == 0  # one task: no fold could hold it out
-    assert auto.with_folds(5, n_tasks=40, world_size=2).calibration_folds == 0  # data-parallel: refused otherwise
     assert _config(0).training.with_folds(5, n_tasks=40).calibration_folds == 0
     assert _config("domain").training.with_folds(5, n_tasks=40).calibration_folds == "domain"
     assert load_config(None, {}).training.calibration_folds == "auto"
+
+
+def test_data_parallel_runs_refuse_folds_they_were_given_and_resolve_auto_to_none() -> None:
+    for folds in (4, "domain"):
+        _config(folds).training.check_folds(1)
+        with pytest.raises(ValueError, match="cross-fitting is for logs of a few tasks"):
+            _config(folds).training.check_folds(2)
+    for folds in (0, "auto"):
+        _config(folds).training.check_folds(2)
+    assert _config("auto").training.with_folds(5, n_tasks=40, world_size=2).calibration_folds == 0
 
 
 def test_scored_decisions_concat_pads_the_narrower_parts() -> None:
