@@ -421,7 +421,8 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
     def _answer(self, run: _Run, run_manager: CallbackManagerForChainRun) -> str:
         """Have the LLM write the final answer from the request and the observations."""
         try:
-            return write_answer(self.llm, self._messages(run), {"callbacks": run_manager.get_child()})
+            return write_answer(self.llm, self._messages(run), {"callbacks": run_manager.get_child()},
+                                called_tools=bool(run.steps))
         except LLMCallError as error:
             return _llm_failed(run, error)
 
@@ -551,7 +552,8 @@ class PolicyAgentExecutor(RunnableSerializable[dict[str, Any], dict[str, Any]]):
     async def _aanswer(self, run: _Run, run_manager: AsyncCallbackManagerForChainRun) -> str:
         """Async :meth:`_answer`."""
         try:
-            return await awrite_answer(self.llm, self._messages(run), {"callbacks": run_manager.get_child()})
+            return await awrite_answer(self.llm, self._messages(run), {"callbacks": run_manager.get_child()},
+                                      called_tools=bool(run.steps))
         except LLMCallError as error:
             return _llm_failed(run, error)
 

@@ -93,6 +93,12 @@ ANSWER_PROMPT = (
     "worked, and a value looked up may then be converted. Answer from the results that worked, with "
     "the latest value of each thing. Be concise, and say so when the results do not answer the request."
 )
+REPLY_PROMPT = (
+    # With no results, ANSWER_PROMPT's talk of tool calls makes small local models echo it ("The latest
+    # value of each thing is:") or the user's message back instead of replying.
+    "Reply to the user's message below. No tool was called for it, so answer from what you know, briefly "
+    "and helpfully; if it asks for something only a tool could do, say so."
+)
 REPAIR_PROMPT = "That reply was not valid: {error}\n{instruction}"
 
 
@@ -413,12 +419,14 @@ async def achoose_tool(llm: BaseChatModel, tools: Sequence[BaseTool], messages: 
     return choose.result(reply, read)
 
 
-def write_answer(llm: BaseChatModel, messages: Sequence[BaseMessage], config: RunnableConfig | None = None) -> str:
-    """Ask the LLM for the final answer to the request in ``messages``."""
-    return invoke_llm(llm, _with_system(ANSWER_PROMPT, messages), config).text
+def write_answer(llm: BaseChatModel, messages: Sequence[BaseMessage], config: RunnableConfig | None = None,
+                 *, called_tools: bool = True) -> str:
+    """Ask the LLM for the final answer to the request in ``messages`` (``called_tools``: from their results)."""
+    return invoke_llm(llm, _with_system(ANSWER_PROMPT if called_tools else REPLY_PROMPT, messages), config).text
 
 
 async def awrite_answer(llm: BaseChatModel, messages: Sequence[BaseMessage],
-                        config: RunnableConfig | None = None) -> str:
+                        config: RunnableConfig | None = None, *, called_tools: bool = True) -> str:
     """Async :func:`write_answer`."""
-    return (await ainvoke_llm(llm, _with_system(ANSWER_PROMPT, messages), config)).text
+    prompt = ANSWER_PROMPT if called_tools else REPLY_PROMPT
+    return (await ainvoke_llm(llm, _with_system(prompt, messages), config)).text

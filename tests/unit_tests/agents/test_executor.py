@@ -14,6 +14,8 @@ from langchain_core.tools import StructuredTool
 
 from evoharness_agent import PolicyAgentExecutor, ToolPolicy
 from evoharness_agent.agents.executor import STOPPED_OUTPUT, PolicyAgentAction
+from evoharness_agent.agents.llm_calls import ANSWER_PROMPT, REPLY_PROMPT
+from evoharness_agent.encoding.embedder import StateEncoder
 
 WEATHER = "What is the weather like in Tokyo today?"
 DOUBLE = "Find the population of Tokyo and double it."
@@ -38,6 +40,19 @@ def test_policy_picks_the_tool_and_the_llm_only_fills_it(kit: SimpleNamespace, p
     assert action.decided_by == "policy" and action.probability > 0.5
     # The LLM saw only the chosen tool, forced; then wrote the answer with no tools at all.
     assert [(c["tools"], c["tool_choice"]) for c in llm.calls] == [(["get_weather"], "get_weather"), ([], None)]
+    assert llm.calls[1]["messages"][0].content == ANSWER_PROMPT  # the answer is written from the results
+
+
+def test_an_answer_with_no_call_before_it_is_a_reply(kit: SimpleNamespace, default_encoder: StateEncoder) -> None:
+    # The shipped default answers a greeting at once (FINISH first); the LLM is asked to reply, not
+    # to answer "from the results of the tool calls below", which small models echo when there are none.
+    shipped = ToolPolicy.load("default", encoder=default_encoder, device="cpu")
+    for run in (lambda e: e.invoke({"input": "Hello!"}), lambda e: asyncio.run(e.ainvoke({"input": "Hello!"}))):
+        llm = kit.llm("Hello! How can I help?")
+        result = run(agent(kit, shipped, llm, return_intermediate_steps=True))
+        assert result["intermediate_steps"] == [] and result["output"] == "Hello! How can I help?"
+        (reply,) = llm.calls
+        assert reply["tools"] == [] and reply["messages"][0].content == REPLY_PROMPT
 
 
 def test_multi_step_run_and_string_input(kit: SimpleNamespace, policy: ToolPolicy) -> None:
