@@ -378,9 +378,10 @@ def load_policy(path: str | Path, device: str) -> tuple[Algorithm, dict[str, Any
         raise PolicyFormatError(f"{directory / POLICY_META}: field 'params': {error}") from None
     _load_acting(directory, meta, algorithm)
     for module in algorithm.modules.values():
-        module.requires_grad_(False)
         if isinstance(module, ToolScorer):
             module.freeze_for_acting()  # a policy acts: its scorers reuse their tool side between decisions
+        else:
+            module.requires_grad_(False)
     return algorithm.to(device), meta
 
 

@@ -58,6 +58,8 @@ def policy_dir(tmp_path: Path) -> Path:
 def test_saved_policy_loads(policy_dir: Path) -> None:
     algorithm, meta = load_policy(policy_dir, "cpu")
     assert meta["acting"] == ["policy"] and meta["known_tools"] == TOOLS
+    # A loaded policy only acts: nothing of it takes gradients.
+    assert not any(p.requires_grad for module in algorithm.modules.values() for p in module.parameters())
     assert sorted(os.listdir(policy_dir)) == ["policy.json", "policy.safetensors"]  # no staging left
 
 
