@@ -419,14 +419,18 @@ async def achoose_tool(llm: BaseChatModel, tools: Sequence[BaseTool], messages: 
     return choose.result(reply, read)
 
 
+def _answer_messages(messages: Sequence[BaseMessage], called_tools: bool) -> list[BaseMessage]:
+    """Return ``messages`` under the instructions for the final answer: from the calls' results, or a reply."""
+    return _with_system(ANSWER_PROMPT if called_tools else REPLY_PROMPT, messages)
+
+
 def write_answer(llm: BaseChatModel, messages: Sequence[BaseMessage], config: RunnableConfig | None = None,
                  *, called_tools: bool = True) -> str:
     """Ask the LLM for the final answer to the request in ``messages`` (``called_tools``: from their results)."""
-    return invoke_llm(llm, _with_system(ANSWER_PROMPT if called_tools else REPLY_PROMPT, messages), config).text
+    return invoke_llm(llm, _answer_messages(messages, called_tools), config).text
 
 
 async def awrite_answer(llm: BaseChatModel, messages: Sequence[BaseMessage],
                         config: RunnableConfig | None = None, *, called_tools: bool = True) -> str:
     """Async :func:`write_answer`."""
-    prompt = ANSWER_PROMPT if called_tools else REPLY_PROMPT
-    return (await ainvoke_llm(llm, _with_system(prompt, messages), config)).text
+    return (await ainvoke_llm(llm, _answer_messages(messages, called_tools), config)).text
