@@ -24,6 +24,7 @@ from typing import Any
 from safetensors import safe_open
 
 from evoharness_agent.encoding.embedder import model_path
+from evoharness_agent.evaluation.reports import ece_reading
 from evoharness_agent.learning.calibration import cross_fitted
 from evoharness_agent.learning.checkpoints import weights_sha256
 
@@ -170,8 +171,9 @@ def _transfer(transfer: dict[str, Any] | None) -> list[str]:
               if folds == "domain" else "on the training domains' validation episodes")
     lines += ["", "Calibration on the left-out domain: every live decision (FINISH among the candidates), "
               f"with the temperature fit {fit_on}.", "",
-              "| left out | live decisions | accuracy | mean confidence | ECE | coverage at 95% accuracy |",
-              "|---|---|---|---|---|---|"]
+              "| left out | live decisions | accuracy | mean confidence | ECE | ECE if calibrated (95th percentile) | "
+              "coverage at 95% accuracy |",
+              "|---|---|---|---|---|---|---|"]
     lines += [_calibration_row(domain, result["calibration"]) for domain, result in transfer["results"].items()]
     return lines
 
@@ -179,7 +181,15 @@ def _transfer(transfer: dict[str, Any] | None) -> list[str]:
 def _calibration_row(label: str, calibration: dict[str, Any]) -> str:
     """Return one table row of a held-out calibration report (``CalibrationReport.to_json``)."""
     return (f"| {label} | {calibration['n_decisions']} | {calibration['accuracy']:.3f} | "
-            f"{calibration['mean_confidence']:.3f} | {calibration['ece']:.3f} | {calibration['coverage_at_95']:.3f} |")
+            f"{calibration['mean_confidence']:.3f} | {calibration['ece']:.3f} | {_if_calibrated(calibration)} | "
+            f"{calibration['coverage_at_95']:.3f} |")
+
+
+def _if_calibrated(result: dict[str, Any]) -> str:
+    """Return the ECE a calibrated policy would show on a report's decisions, "mean (95th percentile)"."""
+    if "ece_if_calibrated" not in result:  # JSON written before it was measured
+        return "not measured"
+    return f"{result['ece_if_calibrated']:.3f} ({result['ece_if_calibrated_95']:.3f})"
 
 
 def _fine_tune(fine_tune: dict[str, Any] | None, shipped_sha256: str) -> list[str]:
@@ -212,8 +222,8 @@ def _fine_tune(fine_tune: dict[str, Any] | None, shipped_sha256: str) -> list[st
     lines.append("")
     ece_header = "ECE" if folds == 0 else "ECE (validation T alone)"
     lines.append(f"| domain | training tasks | start | steps | top-1 | top-3 | live top-1 | {ece_header} | "
-                 "coverage at 95% | embedding similarity |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+                 "ECE if calibrated (95th percentile) | coverage at 95% | embedding similarity |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     config_steps = (fine_tune.get("config") or {}).get("steps", "") if start is not None else ""
     for domain, rows in (fine_tune["domains"] if start is not None else fine_tune).items():
         for row in rows:
@@ -225,7 +235,8 @@ def _fine_tune(fine_tune: dict[str, Any] | None, shipped_sha256: str) -> list[st
                 coverage = f"{result['coverage_at_95']:.3f}" if "coverage_at_95" in result else "not measured"
                 steps = result.get("steps", config_steps)  # JSON from before runs recorded their own
                 lines.append(f"| {domain} | {row['n_tasks']} | {kind} | {steps} | {result['top1']:.3f} | "
-                             f"{result['top3']:.3f} | {result['live_top1']:.3f} | {ece} | {coverage} | "
+                             f"{result['top3']:.3f} | {result['live_top1']:.3f} | {ece} | {_if_calibrated(result)} | "
+                             f"{coverage} | "
                              f"{result['embedding_similarity_top1']:.3f} |")
     return lines
 
@@ -261,7 +272,7 @@ def _zero_shot(zero_shot: dict[str, Any] | None, meta: dict[str, Any]) -> list[s
             confidence, accuracy = calibration["mean_confidence"], calibration["accuracy"]
             lean = "more sure than right" if confidence > accuracy else "no more sure than right"
             lines += ["", f"The {name}'s reported probability of its top choice on these new tools: {confidence:.3f} "
-                      f"on average against {accuracy:.3f} right ({lean}), ECE {calibration['ece']:.3f}, coverage at "
+                      f"on average against {accuracy:.3f} right ({lean}), {ece_reading(calibration)}, coverage at "
                       f"95% accuracy {calibration['coverage_at_95']:.3f}. {fit_on}"]
     return lines
 

@@ -7,8 +7,9 @@ everything a person reads is drawn here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.console import Console
@@ -20,8 +21,21 @@ if TYPE_CHECKING:
     from evoharness_agent.evaluation.online import EpisodeResult, OnlineReport
     from evoharness_agent.learning.calibration import CalibrationReport
 
-__all__ = ["online_markdown", "plot_calibration", "plot_online_report", "plot_report", "print_online_report",
-           "print_report"]
+__all__ = ["ece_reading", "online_markdown", "plot_calibration", "plot_online_report", "plot_report",
+           "print_online_report", "print_report"]
+
+
+def ece_reading(calibration: Mapping[str, Any]) -> str:
+    """Return "ECE x" beside what a calibrated policy would show on the same decisions (``CalibrationReport.to_json``).
+
+    On a hundred decisions a perfectly calibrated policy shows an ECE of about 0.1 by chance alone,
+    so an ECE means little without it; JSON written before it was measured gives the ECE alone.
+    """
+    text = f"ECE {calibration['ece']:.3f}"
+    if "ece_if_calibrated" not in calibration:
+        return text
+    return (f"{text} (a calibrated policy: {calibration['ece_if_calibrated']:.3f} on these decisions, "
+            f"up to {calibration['ece_if_calibrated_95']:.3f} 19 times in 20)")
 
 
 def print_report(report: OfflineReport, title: str, console: Console | None = None) -> None:
@@ -37,7 +51,7 @@ def print_report(report: OfflineReport, title: str, console: Console | None = No
     console.print(f"policy FINISH accuracy: {report.finish_accuracy:.3f} over {report.n_finish_decisions} decisions")
     calibration = report.calibration
     console.print(f"policy calibration over {calibration.n_decisions} decisions (FINISH among the candidates): "
-                  f"ECE {calibration.ece:.3f}, coverage at 95% accuracy {calibration.coverage_at_95:.3f}, "
+                  f"{ece_reading(calibration.to_json())}, coverage at 95% accuracy {calibration.coverage_at_95:.3f}, "
                   f"accuracy {calibration.accuracy:.3f}, mean confidence {calibration.mean_confidence:.3f}")
 
 
@@ -82,7 +96,8 @@ def plot_calibration(report: CalibrationReport, path: str | Path, title: str = "
                      label="(mean confidence, accuracy)")
     reliability.plot([0, 1], [0, 1], "--", color="gray", label="calibrated")
     reliability.set(xlim=(0, 1), ylim=(0, 1), xlabel="top-choice probability", ylabel="accuracy",
-                    title=f"{title}: reliability (ECE {report.ece:.3f}, {report.n_decisions} decisions)")
+                    title=f"{title}: reliability (ECE {report.ece:.3f}, {report.n_decisions} decisions;\n"
+                          f"a calibrated policy: {report.ece_if_calibrated:.3f})")
     reliability.legend(loc="upper left")
     curve.plot([p["coverage"] for p in report.curve], [p["accuracy"] for p in report.curve])
     curve.axhline(0.95, linestyle="--", color="gray", label="95% accuracy")

@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evoharness_agent.evaluation.choosers import Chooser, ChooserSession, ConfidentSession, PolicyChooser
+from evoharness_agent.evaluation.reports import ece_reading
 from evoharness_agent.learning.calibration import CalibrationReport, calibration_report
 from evoharness_agent.policy import ToolPolicy
 from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
@@ -721,5 +722,5 @@ def print_zero_shot(reports: Sequence[ZeroShotReport], console: Console | None =
         if report.calibration is not None:
             calibration = report.calibration
             console.print(f"{report.chooser}: reported probability of its top choice {calibration.mean_confidence:.3f} "
-                          f"on average, right {calibration.accuracy:.3f}; ECE {calibration.ece:.3f}, "
+                          f"on average, right {calibration.accuracy:.3f}; {ece_reading(calibration.to_json())}, "
                           f"coverage at 95% accuracy {calibration.coverage_at_95:.3f}")

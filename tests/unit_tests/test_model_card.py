@@ -19,7 +19,10 @@ def test_transfer_table_reports_each_left_out_domains_calibration() -> None:
                                      "calibration": _calibration(0.112, 0.006)}}}
     lines = model_card._transfer(transfer)
     assert "| bfcl | 30 | 0.410 | 0.380 | +0.030 | 0.060 | 0.670 |" in lines
-    assert "| bfcl | 40 | 0.550 | 0.600 | 0.112 | 0.006 |" in lines
+    assert "| bfcl | 40 | 0.550 | 0.600 | 0.112 | not measured | 0.006 |" in lines
+    floor = {**_calibration(0.112, 0.006), "ece_if_calibrated": 0.041, "ece_if_calibrated_95": 0.058}
+    measured = model_card._transfer({"results": {"bfcl": {**transfer["results"]["bfcl"], "calibration": floor}}})
+    assert "| bfcl | 40 | 0.550 | 0.600 | 0.112 | 0.041 (0.058) | 0.006 |" in measured
     assert any("fit on the training domains' validation episodes." in line for line in lines)
     by_domain = model_card._transfer({**transfer, "config": {"training": {"calibration_folds": "domain"}}})
     assert any("each scored by a model trained without it" in line for line in by_domain)
@@ -39,12 +42,14 @@ def test_fine_tune_table_has_both_starts_and_marks_runs_without_calibration() ->
     result = {"steps": 1500, "top1": 0.6, "top3": 0.8, "live_top1": 0.62, "embedding_similarity_top1": 0.2}
     fine_tune = {"tau2_retail": [{"n_tasks": 10, "scratch": result,
                                   "default": {**result, "steps": 500, "top1": 0.7, "ece": 0.2,
+                                              "ece_if_calibrated": 0.11, "ece_if_calibrated_95": 0.16,
                                               "coverage_at_95": 0.04}}]}
     for document in (fine_tune, {"start": {"policy": "default", "weights_sha256": "ab" * 32}, "domains": fine_tune}):
         lines = model_card._fine_tune(document, "ab" * 32)
-        assert "| tau2_retail | 10 | default | 500 | 0.700 | 0.800 | 0.620 | 0.200 | 0.040 | 0.200 |" in lines
-        assert ("| tau2_retail | 10 | scratch | 1500 | 0.600 | 0.800 | 0.620 | not measured | not measured | 0.200 |"
+        assert ("| tau2_retail | 10 | default | 500 | 0.700 | 0.800 | 0.620 | 0.200 | 0.110 (0.160) | 0.040 | 0.200 |"
                 in lines)
+        assert ("| tau2_retail | 10 | scratch | 1500 | 0.600 | 0.800 | 0.620 | not measured | not measured | "
+                "not measured | 0.200 |" in lines)
     assert model_card._fine_tune(None, "ab" * 32)[-1] == "Not measured (run `benchmarks/fine_tune.py --json`)."
 
 
@@ -121,5 +126,5 @@ def test_fine_tune_rows_without_their_own_steps_take_the_runs_config() -> None:
     result = {"top1": 0.6, "top3": 0.8, "live_top1": 0.62, "embedding_similarity_top1": 0.2}
     document = {"start": {"policy": "default", "weights_sha256": "ab" * 32}, "config": {"steps": 1500},
                 "domains": {"bfcl": [{"n_tasks": 10, "scratch": result, "default": result}]}}
-    assert "| bfcl | 10 | default | 1500 | 0.600 | 0.800 | 0.620 | not measured | not measured | 0.200 |" in (
-        model_card._fine_tune(document, "ab" * 32))
+    assert ("| bfcl | 10 | default | 1500 | 0.600 | 0.800 | 0.620 | not measured | not measured | not measured | "
+            "0.200 |") in model_card._fine_tune(document, "ab" * 32)

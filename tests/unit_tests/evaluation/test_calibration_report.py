@@ -29,10 +29,11 @@ def _report() -> OfflineReport:
 
 def test_print_report_shows_calibration() -> None:
     buffer = io.StringIO()
-    print_report(_report(), "unit", Console(file=buffer, width=200))
+    print_report(_report(), "unit", Console(file=buffer, width=400))
     text = buffer.getvalue()
     assert "calibration over 20 decisions" in text
-    assert "ECE 0.000" in text and "coverage at 95% accuracy 0.000" in text
+    assert "ECE 0.000 (a calibrated policy: " in text and "coverage at 95% accuracy 0.000" in text
+    assert f"{_report().calibration.ece_if_calibrated:.3f} on these decisions" in text
     assert "accuracy 0.700" in text and "mean confidence 0.700" in text
 
 

@@ -14,6 +14,7 @@ from evoharness_agent.encoding.state import decisions
 from evoharness_agent.evaluation.parity import backend_calibration
 from evoharness_agent.learning.calibration import (
     accuracy_coverage_curve,
+    calibrated_ece,
     calibration_report,
     coverage_at_accuracy,
     cross_fitted,
@@ -73,6 +74,20 @@ def test_ece_is_small_when_calibrated_and_large_when_not() -> None:
         p = torch.softmax(scale * logits, 1)
         conf, correct = p.max(1).values.tolist(), (p.argmax(1) == actions).tolist()
         assert low <= expected_calibration_error(conf, correct) <= high
+
+
+def test_a_calibrated_policys_ece_is_the_noise_of_few_decisions() -> None:
+    rng = np.random.default_rng(3)
+    few, many = rng.beta(4, 2, size=100), rng.beta(4, 2, size=5000)
+    # What an ECE of outcomes drawn at the stated confidences averages to, measured the slow way.
+    drawn = [expected_calibration_error(few, rng.random(few.size) < few) for _ in range(400)]
+    mean, high = calibrated_ece(few)
+    assert mean == pytest.approx(float(np.mean(drawn)), abs=0.01)
+    assert 0.07 < mean < high < 0.2  # a hundred decisions: a calibrated policy's ECE is far above 0.05
+    assert calibrated_ece(many)[0] < 0.03 and calibrated_ece(few) == (mean, high)  # seeded
+    assert calibrated_ece([]) == (0.0, 0.0) and calibrated_ece([1.0, 1.0, 0.0]) == (0.0, 0.0)  # certain outcomes
+    report = calibration_report(list(few), list(rng.random(few.size) < few))
+    assert (report.ece_if_calibrated, report.ece_if_calibrated_95) == (mean, high)
 
 
 def test_coverage_at_accuracy_takes_the_confident_head() -> None:
