@@ -103,13 +103,18 @@ def fit_temperature(scores: torch.Tensor, actions: torch.Tensor, mask: torch.Ten
     return float(np.exp(fine[int(np.argmin([nll(x) for x in fine]))]))
 
 
+def _bins(conf: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return the ``n_bins + 1`` equal-width edges over [0, 1] and each confidence's bin (upper edges inclusive)."""
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    return edges, np.clip(np.digitize(conf, edges[1:-1], right=True), 0, n_bins - 1)
+
+
 def reliability_bins(confidence: Sequence[float], correct: Sequence[bool],
                      n_bins: int = N_BINS) -> list[dict[str, float]]:
     """Return per confidence bin: its range, the number of decisions, mean confidence and accuracy."""
     conf = np.asarray(confidence, dtype=np.float64)
     hits = np.asarray(correct, dtype=np.float64)
-    edges = np.linspace(0.0, 1.0, n_bins + 1)
-    which = np.clip(np.digitize(conf, edges[1:-1], right=True), 0, n_bins - 1)
+    edges, which = _bins(conf, n_bins)
     out = []
     for b in range(n_bins):
         inside = which == b
@@ -142,8 +147,7 @@ def calibrated_ece(confidence: Sequence[float], n_bins: int = N_BINS, draws: int
     conf = np.asarray(confidence, dtype=np.float64)
     if conf.size == 0:
         return 0.0, 0.0
-    edges = np.linspace(0.0, 1.0, n_bins + 1)
-    which = np.clip(np.digitize(conf, edges[1:-1], right=True), 0, n_bins - 1)
+    _, which = _bins(conf, n_bins)  # binned as expected_calibration_error bins them
     counts = np.bincount(which, minlength=n_bins)
     mean_confidence = np.bincount(which, weights=conf, minlength=n_bins) / np.maximum(counts, 1)
     one_hot = np.eye(n_bins)[which]  # (n, n_bins)
