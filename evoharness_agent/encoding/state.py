@@ -68,6 +68,7 @@ __all__ = [
     "REQUEST_SLOT",
     "Decision",
     "SlotRows",
+    "TOKEN_SHORTLIST",
     "StateParts",
     "decisions",
     "gather_states",
@@ -125,8 +126,10 @@ NAMED_IN_REQUEST = PAIR_FEATURES.index("named_in_request")
 SERVES_OPEN_PART = PAIR_FEATURES.index("serves_open_part")
 IS_LOOKUP = PAIR_FEATURES.index("is_lookup")
 ASKED_BY_VERB = PAIR_FEATURES.index("asked_by_verb")
-STATE_LAYOUT_VERSION = 8
+STATE_LAYOUT_VERSION = 9
 """Stored in policy metadata: a policy trained on another layout must be retrained, not misread."""
+TOKEN_SHORTLIST = 3
+"""Tools per request part that :func:`tool_coverage` matches token by token (the nearest by cosine)."""
 PAD = 0
 """Row 0 of every text table is the zero vector: an empty slot."""
 
@@ -185,32 +188,74 @@ def request_part_texts(requests: Iterable[str]) -> list[str]:
                    for part in request_parts(request, after_call=after_call)})
 
 
-def part_coverage(part_vectors: np.ndarray, tool_vectors: np.ndarray, called: np.ndarray) -> np.ndarray:
+def part_coverage(similarity: np.ndarray, called: np.ndarray) -> np.ndarray:
     """Return, per tool, how much better it serves some request part than the tools called in this turn do.
 
-    ``part_vectors`` (P, E) embed :func:`request_parts`, ``tool_vectors`` (N, E) the tools, and
-    ``called`` (N,) marks the tools called since the latest request. A part no called tool
-    serves keeps its full similarity; before any call the value is the tool's best part similarity.
+    ``similarity`` (P, N) is each request part's (:func:`request_parts`) similarity with each
+    tool, and ``called`` (N,) marks the tools called since the latest request. A part no called
+    tool serves keeps its full similarity; before any call the value is the tool's best part similarity.
     """
-    # float64: a tool's value must not depend on which other tools share the product (BLAS rounding).
-    similarity = part_vectors.astype(np.float64) @ tool_vectors.astype(np.float64).T
-    covered = similarity[:, called].max(axis=1) if called.any() else np.zeros(len(part_vectors), similarity.dtype)
+    covered = similarity[:, called].max(axis=1) if called.any() else np.zeros(len(similarity), similarity.dtype)
     return (similarity - np.maximum(covered, 0.0)[:, None]).max(axis=0)
 
 
 def tool_coverage(parts: StateParts, tools: Sequence[ToolSpec], tool_vectors: np.ndarray,
-                  embed: Callable[[list[str]], np.ndarray], tool_text: Callable[[str], str]) -> list[float]:
+                  embed: Callable[[list[str]], np.ndarray], match_tokens: Callable[[list[str], list[str]], np.ndarray],
+                  tool_text: Callable[[str], str]) -> list[float]:
     """Return each of ``tools``' :func:`part_coverage` at a state (``coverage`` of :meth:`StateParts.pair_features`).
 
-    ``embed`` embeds texts (cached), ``tool_text(name)`` gives the text of a tool called in this
-    turn that is not among ``tools`` (it still covers its part of the request).
+    ``tool_vectors`` (N, E) embed ``tools``; ``embed`` gives texts' embeddings and ``match_tokens``
+    two lists of texts' token-level similarity (both cached:
+    :meth:`~evoharness_agent.encoding.embedder.StateEncoder.match_tokens`); ``tool_text(name)`` is
+    the text of a tool called in this turn that is not among ``tools`` (it still covers its part
+    of the request). Before any call in the turn a part's similarity with a tool is the cosine of
+    their embeddings (how well the tool serves its best part). After one it is their token-level
+    match (MaxSim), which tells whether a clause is served: "in Fahrenheit" by the word the
+    conversion tool's text holds. Token matching before the first call too ranked the conversion
+    first for "the weather in Paris, in Fahrenheit", by that one word.
+
+    Token matching costs a product per token, so it reads only each part's
+    :data:`TOKEN_SHORTLIST` tools nearest by cosine among ``tools``, and the called ones; a tool
+    outside a part's shortlist is taken to serve it as its last shortlisted tool does (a floor).
+    So a tool's value depends on the others ranked with it: training and ranking both pass the
+    available tools with FINISH. With every tool matched, a decision over 200 tools cost twice
+    layout 8's (``docs/experiments.md``, twenty-ninth and thirtieth stops).
     """
+    if not tools:
+        return []
     names = {tool.name for tool in tools}
-    elsewhere = [name for name in parts.calls_in_turn if name not in names]
-    vectors = np.concatenate([tool_vectors, embed([tool_text(n) for n in elsewhere])]) if elsewhere else tool_vectors
+    elsewhere = [tool_text(name) for name in parts.calls_in_turn if name not in names]
+    vectors = np.concatenate([tool_vectors, embed(elsewhere)]) if elsewhere else tool_vectors
     called = np.array([tool.name in parts.calls_in_turn for tool in tools] + [True] * len(elsewhere))
     request = request_parts(parts.request, after_call=bool(parts.calls_in_turn))
-    return part_coverage(embed(request), vectors, called)[: len(tools)].tolist()
+    # float64: a tool's value must not depend on which other tools share the product (BLAS rounding).
+    similarity = embed(request).astype(np.float64) @ vectors.astype(np.float64).T
+    if parts.calls_in_turn:
+        def text(i: int) -> str:
+            return tools[i].text() if i < len(tools) else elsewhere[i - len(tools)]
+
+        similarity = _token_similarity(similarity, called, request, text, match_tokens)
+    return part_coverage(similarity, called)[: len(tools)].tolist()
+
+
+def _token_similarity(cosine: np.ndarray, called: np.ndarray, request: list[str], text: Callable[[int], str],
+                      match_tokens: Callable[[list[str], list[str]], np.ndarray]) -> np.ndarray:
+    """Return the ``(P, N)`` token-level similarity of request parts and tools, on each part's shortlist.
+
+    ``cosine`` (P, N) ranks the tools per part and ``text(i)`` is tool ``i``'s text. Each part's
+    :data:`TOKEN_SHORTLIST` nearest and the ``called`` tools are matched token by token; the rest
+    of a part's row is its shortlist's lowest.
+    """
+    shortlist = np.argsort(-cosine, axis=1, kind="stable")[:, :TOKEN_SHORTLIST]
+    matched = np.zeros(cosine.shape, dtype=bool)
+    np.put_along_axis(matched, shortlist, True, axis=1)
+    matched[:, called] = True
+    columns = np.flatnonzero(matched.any(axis=0))
+    tokens = match_tokens(request, [text(i) for i in columns.tolist()])
+    similarity = np.empty_like(cosine)
+    similarity[:, columns] = tokens
+    floor = np.where(matched[:, columns], tokens, np.inf).min(axis=1)
+    return np.where(matched, similarity, floor[:, None])
 
 
 def n_slots(history_window: int) -> int:

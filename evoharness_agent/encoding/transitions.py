@@ -305,10 +305,13 @@ def build_dataset(
     specs += [ToolSpec(name=step.tool) for ep in episodes for step in ep.steps if step.tool]
     tools = ToolTable.from_specs(specs, encoder)
     tool_vectors = tools.embeddings.numpy()
-    # Every request's parts in one batched encoding: the per-decision lookups below then hit the cache.
+    # Every request's parts, and their and the tools' token vectors, in one batched encoding each:
+    # the per-decision lookups below then hit the cache.
     requests = {ep.task for ep in episodes} | {s.content for ep in episodes for s in ep.steps if s.kind == "user"}
-    encoder.embed(request_part_texts(requests), show_progress=show_progress, processes=encode_processes,
-                  ray=encode_ray)
+    clauses = request_part_texts(requests)
+    encoder.embed(clauses, show_progress=show_progress, processes=encode_processes, ray=encode_ray)
+    encoder.embed_tokens(clauses)
+    encoder.embed_tokens([spec.text() for spec in tools.specs])
     slots = SlotRows()
 
     def tool_text(name: str) -> str:
@@ -329,7 +332,8 @@ def build_dataset(
             rewards.append(reward)
             candidates = sorted(tools.index[name] for name in point.available if name in tools.index)
             candidate_specs = [tools.specs[i] for i in candidates]
-            coverage = tool_coverage(point, candidate_specs, tool_vectors[candidates], encoder.embed, tool_text)
+            coverage = tool_coverage(point, candidate_specs, tool_vectors[candidates], encoder.embed,
+                                     encoder.match_tokens, tool_text)
             values = point.pair_features(candidate_specs, coverage=coverage)
             pair_counts.append(len(candidates))
             pair_tools.extend(candidates)

@@ -40,6 +40,8 @@ from evoharness_agent.inference.onnx_runtime import (
     ONNX_META,
     SCORER_FILE,
     SCORER_INPUTS,
+    SENTENCE_OUTPUT,
+    TOKEN_OUTPUT,
     TOKENIZER_FILE,
     onnx_section,
 )
@@ -78,16 +80,17 @@ class _SentenceGraph(nn.Module):
         self.model = model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor) -> torch.Tensor:
-        """Return the ``(B, dim)`` sentence embeddings."""
+                token_type_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the ``(B, dim)`` sentence embeddings and the ``(B, T, dim)`` token vectors they pool."""
         features = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
-        return self.model(features)["sentence_embedding"]
+        out = self.model(features)
+        return out[SENTENCE_OUTPUT], out[TOKEN_OUTPUT]
 
 
-def _to_onnx(module: nn.Module, args: tuple[torch.Tensor, ...], names: tuple[str, ...], output: str,
+def _to_onnx(module: nn.Module, args: tuple[torch.Tensor, ...], names: tuple[str, ...], outputs: tuple[str, ...],
              dynamic: dict[str, Any]) -> bytes:
     """Export ``module`` with ``torch.onnx.export`` (the torch.export path); return the model's bytes."""
-    program = torch.onnx.export(module.eval(), args, input_names=list(names), output_names=[output],
+    program = torch.onnx.export(module.eval(), args, input_names=list(names), output_names=list(outputs),
                                 dynamic_shapes=dynamic, dynamo=True, verbose=False)
     if program is None:  # only the legacy exporter returns nothing
         raise RuntimeError("torch.onnx.export returned no program")
@@ -112,7 +115,7 @@ def export_scorer(algorithm: Algorithm, state_dim: int, tool_dim: int, n_known_t
     saved = algorithm.tools
     algorithm.set_training(False)
     try:
-        return _to_onnx(_ScoringGraph(algorithm), args, SCORER_INPUTS, "scores", dynamic)
+        return _to_onnx(_ScoringGraph(algorithm), args, SCORER_INPUTS, ("scores",), dynamic)
     finally:
         algorithm.tools = saved
 
@@ -132,7 +135,7 @@ def export_encoder(model_name: str, max_seq_length: int, out_dir: str | Path) ->
     b, s = torch.export.Dim("batch"), torch.export.Dim("sequence", max=max(max_seq_length, 2))
     dynamic = {name: {0: b, 1: s} for name in ENCODER_INPUTS}
     data = _to_onnx(_SentenceGraph(model), tuple(tokens[name] for name in ENCODER_INPUTS), ENCODER_INPUTS,
-                    "sentence_embedding", dynamic)
+                    (SENTENCE_OUTPUT, TOKEN_OUTPUT), dynamic)
     atomic_write_bytes(out_dir / ENCODER_FILE, data)
     atomic_write_with(out_dir / TOKENIZER_FILE, lambda tmp: model.tokenizer.backend_tokenizer.save(tmp))
 

@@ -7,7 +7,8 @@ and sha256, and the embeddings the policy was trained and calibrated on.
 
 Texts are tokenised by the model's own HF fast tokenizer (``tokenizers``). Mean pooling and
 L2 normalisation are inside the encoder graph, exported from the sentence-transformer's own
-modules, so an embedding is one ``run`` call.
+modules, so an embedding is one ``run`` call; the graph also gives the token vectors it pools
+(what the request-part coverage matches).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
-from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.encoding.embedder import StateEncoder, content_rows
 
 __all__ = [
     "BACKENDS",
@@ -29,7 +30,9 @@ __all__ = [
     "ONNX_META",
     "SCORER_FILE",
     "SCORER_INPUTS",
+    "SENTENCE_OUTPUT",
     "TOKENIZER_FILE",
+    "TOKEN_OUTPUT",
     "OnnxScorer",
     "OnnxSentenceEncoder",
     "OnnxStateEncoder",
@@ -45,6 +48,8 @@ SCORER_FILE = "scorer.onnx"
 ENCODER_FILE = "encoder.onnx"
 TOKENIZER_FILE = "tokenizer.json"
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+SENTENCE_OUTPUT, TOKEN_OUTPUT = "sentence_embedding", "token_embeddings"
+"""The encoder graph's outputs: the pooled, normalised embedding, and the token vectors it pools."""
 SCORER_INPUTS = ("states", "tool_embeddings", "tool_ids", "pairs")
 
 
@@ -143,9 +148,32 @@ class OnnxSentenceEncoder:
         short. Accepts (and ignores) the other keywords :meth:`StateEncoder.embed` passes to
         ``SentenceTransformer.encode``: the graph always normalises and returns numpy.
         """
+        if not texts:
+            return np.zeros((0, int(self._session.get_outputs()[0].shape[-1])), dtype=np.float32)
+        out = self._run(texts, SENTENCE_OUTPUT, batch_size)
+        return np.stack([vectors for vectors, _ in out]).astype(np.float32, copy=False)
+
+    def encode_tokens(self, texts: Sequence[str], *, batch_size: int = 64) -> list[np.ndarray]:
+        """Return each text's :func:`~evoharness_agent.encoding.embedder.content_rows` vectors, unit length.
+
+        Raises:
+            ValueError: the graph was exported before it gave token vectors (export the policy again).
+
+        """
+        if TOKEN_OUTPUT not in {node.name for node in self._session.get_outputs()}:
+            raise ValueError(f"this {ENCODER_FILE} gives no {TOKEN_OUTPUT!r}: export the policy again "
+                             "(`evoharness-agent export`)")
+        out = []
+        for vectors, encoding in self._run(texts, TOKEN_OUTPUT, batch_size):
+            rows = vectors[content_rows(encoding.tokens, encoding.special_tokens_mask)].astype(np.float32)
+            out.append(rows / np.linalg.norm(rows, axis=1, keepdims=True).clip(min=1e-12))
+        return out
+
+    def _run(self, texts: Sequence[str], output: str, batch_size: int) -> list[tuple[np.ndarray, Encoding]]:
+        """Return each text's row of the graph's ``output`` (token rows cut to the text's tokens) and its encoding."""
         encodings = self.tokenizer.encode_batch(list(texts))
         order = np.argsort([len(e.ids) for e in encodings], kind="stable")
-        out: list[np.ndarray] = [np.empty(0)] * len(texts)
+        out: list[tuple[np.ndarray, Encoding]] = [(np.empty(0), e) for e in encodings]
         for start in range(0, len(order), batch_size):
             chunk = [int(i) for i in order[start : start + batch_size]]
             width = max(len(encodings[i].ids) for i in chunk)
@@ -156,12 +184,11 @@ class OnnxSentenceEncoder:
                 arrays["input_ids"][row, : len(e.ids)] = e.ids
                 arrays["attention_mask"][row, : len(e.ids)] = e.attention_mask
                 arrays["token_type_ids"][row, : len(e.ids)] = e.type_ids
-            vectors = self._session.run(None, {k: v for k, v in arrays.items() if k in self._inputs})[0]
+            values = self._session.run([output], {k: v for k, v in arrays.items() if k in self._inputs})[0]
             for row, i in enumerate(chunk):
-                out[i] = vectors[row]
-        if not texts:
-            return np.zeros((0, int(self._session.get_outputs()[0].shape[-1])), dtype=np.float32)
-        return np.stack(out).astype(np.float32, copy=False)
+                vectors = values[row] if output == SENTENCE_OUTPUT else values[row, : len(encodings[i].ids)]
+                out[i] = (vectors, encodings[i])
+        return out
 
 
 class OnnxStateEncoder(StateEncoder):
@@ -194,4 +221,8 @@ class OnnxStateEncoder(StateEncoder):
     def _load(self) -> OnnxSentenceEncoder:
         """Return the onnxruntime encoder (opened in ``__init__``)."""
         return self.onnx_model
+
+    def _encode_tokens(self, texts: list[str]) -> list[np.ndarray]:
+        """Return each text's content-token vectors from the exported graph."""
+        return self.onnx_model.encode_tokens(texts, batch_size=self.batch_size)
 

@@ -108,8 +108,8 @@ class NetworkConfig:
     5,418 of 7,361 against 5,277 without) that keeps the default's validation split (999 of 1,315
     against 995; threshold 0.2 loses 22 there). Fine-tuning does not inherit it."""
     open_part_threshold: float = 0.25
-    """How much better (cosine similarity) an open tool must serve an unserved request part than
-    the called tools do for ``open_part_finish_penalty`` to apply."""
+    """How much better (token-level similarity, MaxSim) an open tool must serve an unserved request
+    part than the called tools do for ``open_part_finish_penalty`` to apply."""
     asked_action_finish_penalty: float = 0.0
     """Taken off FINISH's score when the policy acts, while only lookups were called in this turn
     and the request's verb names an open tool that changes something (:func:`answer_skips_action`):

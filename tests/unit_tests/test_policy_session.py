@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from evoharness_agent.encoding import embedder
 from evoharness_agent.encoding.embedder import StateEncoder
 from evoharness_agent.policy import TOOL_TABLES_KEPT, ToolPolicy, ToolScore, call_is_due
 from evoharness_agent.schema import FINISH, Step, ToolSpec
@@ -64,7 +65,7 @@ def test_available_names_must_be_tools_of_the_session(policy: ToolPolicy) -> Non
 
 
 def test_a_session_embeds_each_request_with_its_clauses_and_ranks_on_one_tool_table(
-        default_encoder: StateEncoder) -> None:
+        default_encoder: StateEncoder, monkeypatch: pytest.MonkeyPatch) -> None:
     policy = ToolPolicy.load(encoder=default_encoder, device="cpu")
     task = "Find the cheapest flight to Oslo, then book it and email me the receipt"
     session = policy.session(task, TOOLS)
@@ -76,7 +77,7 @@ def test_a_session_embeds_each_request_with_its_clauses_and_ranks_on_one_tool_ta
     assert default_encoder.n_encoded > encoded + 2  # the reply, and the request with its clauses
     encoded = default_encoder.n_encoded
     ranked = session.rank()
-    assert default_encoder.n_encoded == encoded  # rank embeds nothing new: observe did it in one call
+    assert default_encoder.n_encoded == encoded  # rank embeds nothing new: observe did it
     assert list(policy._tool_tables.values()) == tables  # the same tensors: the scorer reuses its tool side
     fresh = ToolPolicy.load(encoder=default_encoder, device="cpu").rank(task, session.history, TOOLS)
     assert [r.tool for r in ranked] == [r.tool for r in fresh]
@@ -85,8 +86,13 @@ def test_a_session_embeds_each_request_with_its_clauses_and_ranks_on_one_tool_ta
     later = Step(tool="search_web", arguments={"q": "hotels Bergen"}, observation="Hotel Norge, 120 EUR")
     session.observe(later, embed=False)
     assert default_encoder.n_encoded == encoded and session.history[-1] == later
+    products = []
+    monkeypatch.setattr(embedder, "late_interaction", lambda *codes: products.append(codes))
     session.rank()
+    monkeypatch.undo()
     assert default_encoder.n_encoded == encoded + 1
+    # After a call, the request's clauses are matched with the tools token by token: observe did it.
+    assert not products
     for i in range(TOOL_TABLES_KEPT + 1):  # a bounded number of tool sets stays embedded
         policy.rank(task, [], [*TOOLS, ToolSpec(name=f"extra_{i}", description=f"Extra tool {i}")])
     assert len(policy._tool_tables) == TOOL_TABLES_KEPT

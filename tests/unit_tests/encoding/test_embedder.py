@@ -11,7 +11,11 @@ from evoharness_agent.encoding.embedder import (
     STATIC_STEP_MODEL,
     EmbeddingCache,
     StateEncoder,
+    code_levels,
+    content_rows,
+    late_interaction,
     model_path,
+    token_codes,
 )
 from evoharness_agent.encoding.state import MAX_ARGUMENT_CHARS, MAX_CONTENT_CHARS, MAX_OBSERVATION_CHARS, step_text
 from evoharness_agent.runtime import cache_dir
@@ -179,6 +183,38 @@ def test_a_static_embedding_model_encodes_as_a_transformer_does(tmp_path: Path) 
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     # The same tokens in another order: a static model averages them, so the vectors match.
     assert np.allclose(encoder.embed(["Paris weather"]), encoder.embed(["weather Paris"]), atol=1e-6)
+    # It has no token vectors of its own: a text's one row is its sentence embedding.
+    (rows,) = encoder.embed_tokens(["send_email"])
+    np.testing.assert_allclose(rows.astype(np.float32), vectors[1:2], atol=1e-3)
+
+
+def test_content_rows_keep_the_words_that_carry_meaning() -> None:
+    tokens = ["[CLS]", "convert", "the", "temperature", "to", "fahr", "##en", "##heit", ",", "please", "[SEP]"]
+    special = [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+    assert [tokens[i] for i in content_rows(tokens, special)] == ["convert", "temperature", "fahr", "##en", "##heit"]
+    assert content_rows(["[CLS]", "the", ".", "[SEP]"], [1, 0, 0, 1]) == [1, 2]  # only stop words: keep them
+    assert content_rows(["[CLS]", "[SEP]"], [1, 1]) == [0, 1]  # an empty text still has a vector to match
+
+
+def test_token_vectors_are_unit_rows_of_the_content_tokens(encoder: StateEncoder) -> None:
+    weather, empty = encoder.embed_tokens(["What is the weather in Paris?", ""])
+    assert weather.dtype == np.float16 and weather.shape == (3, 384)  # what, weather, paris
+    np.testing.assert_allclose(np.linalg.norm(weather.astype(np.float32), axis=1), 1.0, atol=2e-3)
+    assert empty.shape == (2, 384)  # [CLS] and [SEP]
+    assert encoder.embed_tokens(["What is the weather in Paris?"])[0] is weather  # kept in memory
+
+
+def test_match_tokens_is_the_late_interaction_of_the_texts_kept_for_the_next_ask(encoder: StateEncoder) -> None:
+    parts, tools = ["the weather in Paris", "in Fahrenheit"], ["get_weather: current weather", "convert to Fahrenheit"]
+    match = encoder.match_tokens(parts, tools)
+    codes = [[token_codes(rows) for rows in encoder.embed_tokens(texts)] for texts in (parts, tools)]
+    np.testing.assert_array_equal(match, late_interaction(*codes))
+    assert match[1, 1] > match[1, 0] and match[0, 0] > match[0, 1]
+    # Each pair is kept: asked again among other texts, a pair's value is the same number.
+    again = encoder.match_tokens(["in Fahrenheit", "Email Ray"], ["send_email: send an email", *tools])
+    assert again[0, 1:].tolist() == match[1].tolist()
+    assert again[1, 0] == late_interaction(*[[token_codes(rows) for rows in encoder.embed_tokens([text])]
+                                             for text in ("Email Ray", "send_email: send an email")])[0, 0]
 
 
 def test_a_model_folder_saved_again_is_not_served_its_old_vectors(tmp_path: Path) -> None:
@@ -226,3 +262,28 @@ def test_the_bundled_step_model_loads_offline_from_the_package_in_float32(tmp_pa
     monkeypatch.setattr(embedder, "_STATIC_CHUNK", 2)
     np.testing.assert_allclose(encoder._encode(texts, False, 1, None), library, rtol=0, atol=1e-7)
     assert encoder.cache_identity.startswith(f"{STATIC_STEP_MODEL}@")
+
+
+def test_late_interaction_matches_each_token_with_its_best_match_both_ways() -> None:
+    weather, fahrenheit, email = np.eye(3)
+    request = [token_codes(np.stack([weather, fahrenheit]))]  # a two-word text
+    tools = [token_codes(np.stack(rows)) for rows in ([weather], [weather, fahrenheit, email], [email])]
+    # weather alone: the request's words match 1 and 0 (mean 0.5), its one word matches 1: (0.5 + 1) / 2.
+    assert late_interaction(request, tools)[0].tolist() == pytest.approx([0.75, (1.0 + 2 / 3) / 2, 0.0])
+    # One row per token set; a set of one token each is the cosine of the two vectors, to the codes' step.
+    level = 1 / code_levels(3)
+    value = late_interaction([token_codes(np.array([[0.6, 0.8, 0.0]]))], [token_codes(np.array([[1.0, 0.0, 0.0]]))])
+    assert value.shape == (1, 1) and value[0, 0] == pytest.approx(0.6, abs=level)
+
+
+def test_token_codes_are_whole_numbers_whose_products_float32_holds_exactly() -> None:
+    rows = np.random.default_rng(0).standard_normal((50, 384)).astype(np.float16)
+    rows /= np.linalg.norm(rows.astype(np.float32), axis=1, keepdims=True).astype(np.float16)
+    codes = token_codes(rows)
+    assert (codes.levels == np.rint(codes.levels)).all() and np.abs(codes.levels).max() == code_levels(384)
+    assert (codes.levels**2).sum(axis=1).max() < 2**24  # the largest dot product of two rows
+    np.testing.assert_allclose(codes.levels * codes.scales[:, None], rows, atol=float(codes.scales.max()) / 2 + 1e-6)
+    # Exact: the same pairs inside a larger product are the same numbers.
+    small = late_interaction([codes], [token_codes(rows[:7])])
+    large = late_interaction([codes, token_codes(rows[::-1])], [token_codes(rows[20:]), token_codes(rows[:7])])
+    assert small[0, 0] == large[0, 1]

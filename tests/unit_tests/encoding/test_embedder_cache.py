@@ -73,18 +73,23 @@ def test_a_locked_database_is_not_mistaken_for_a_corrupt_one(tmp_path: Path) -> 
     assert aside_files(path) == []
 
 
+def _on_cache(encoder: StateEncoder, cache: Path) -> StateEncoder:
+    """A fresh encoder on ``cache`` with ``encoder``'s loaded weights (loading them again only costs time)."""
+    fresh = StateEncoder(cache_dir=cache, device="cpu")
+    fresh._model = encoder._load()
+    return fresh
+
+
 def test_a_truncated_vector_is_encoded_again_and_overwritten(encoder: StateEncoder, tmp_path: Path) -> None:
     texts = ["the weather in Paris", "a cheap flight to Rome"]
-    first = StateEncoder(cache_dir=tmp_path, device="cpu")
-    first._model = encoder._load()  # the same weights; loading them again only costs time
+    first = _on_cache(encoder, tmp_path)
     expected = first.embed(texts)
     dim = expected.shape[1]
     path = tmp_path / "embeddings.sqlite"
     with sqlite3.connect(path) as db:  # one row cut short by whole floats, one mid-float
         db.execute("UPDATE emb SET vec = substr(vec, 1, 100) WHERE key = ?", (first._key(texts[0]),))
         db.execute("UPDATE emb SET vec = substr(vec, 1, 101) WHERE key = ?", (first._key(texts[1]),))
-    second = StateEncoder(cache_dir=tmp_path, device="cpu")
-    second._model = first._model
+    second = _on_cache(encoder, tmp_path)
     with pytest.warns(RuntimeWarning, match=f"the embedding cache {path} has 1 damaged vector"):
         got = second.embed(texts)
     assert got.shape == (2, dim)
@@ -93,3 +98,22 @@ def test_a_truncated_vector_is_encoded_again_and_overwritten(encoder: StateEncod
     with sqlite3.connect(path) as db:
         lengths = {len(blob) for (blob,) in db.execute("SELECT vec FROM emb")}
     assert lengths == {4 * dim}  # both rows rebuilt
+
+
+def test_token_rows_cut_short_are_encoded_again_and_overwritten(encoder: StateEncoder, tmp_path: Path) -> None:
+    texts = ["convert the temperature to Fahrenheit", "a cheap flight to Rome"]
+    first = _on_cache(encoder, tmp_path)
+    expected = first.embed_tokens(texts)
+    path = tmp_path / "embeddings.sqlite"
+    with sqlite3.connect(path) as db:  # one text's rows cut by a whole row, one mid-number
+        db.execute("UPDATE tokens SET vec = substr(vec, 1, length(vec) - 768) WHERE key = ?", (first._key(texts[0]),))
+        db.execute("UPDATE tokens SET vec = substr(vec, 1, 101) WHERE key = ?", (first._key(texts[1]),))
+    second = _on_cache(encoder, tmp_path)
+    with pytest.warns(RuntimeWarning, match=f"the embedding cache {path} has 2 damaged vector"):
+        got = second.embed_tokens(texts)
+    for rows, want in zip(got, expected, strict=True):
+        np.testing.assert_allclose(rows.astype(np.float32), want.astype(np.float32), atol=2e-3)
+    assert second.n_encoded == 2
+    third = StateEncoder(cache_dir=tmp_path, device="cpu")  # both rebuilt on disk: nothing to encode
+    assert [rows.shape for rows in third.embed_tokens(texts)] == [rows.shape for rows in expected]
+    assert third.n_encoded == 0 and third._model is None

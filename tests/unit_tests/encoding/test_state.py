@@ -25,7 +25,7 @@ from evoharness_agent.encoding.transitions import build_dataset
 from evoharness_agent.learning.config import TrainConfig
 from evoharness_agent.learning.trainer import train_on_episodes
 from evoharness_agent.policy import ToolPolicy
-from evoharness_agent.schema import Episode, Step, ToolSpec
+from evoharness_agent.schema import Episode, Step, ToolSpec, finish_spec
 
 TOOLS = [
     ToolSpec(name="search_flights", description="Find flights between two airports on a date."),
@@ -66,12 +66,13 @@ def test_training_and_serving_build_identical_states(trained: tuple[ToolPolicy, 
     prefixes = [i for i, step in enumerate(episode.steps) if step.is_decision]
     assert len(dataset) == len(prefixes)
     batch = dataset.batch(torch.arange(len(dataset)))
-    vectors = encoder.embed([spec.text() for spec in TOOLS])
-    served, served_pairs = policy._state_inputs([(episode.task, episode.steps[:i]) for i in prefixes], TOOLS, vectors)
+    specs = [*TOOLS, finish_spec()]  # what a ranking scores: a request part's nearest tools may be FINISH
+    vectors = encoder.embed([spec.text() for spec in specs])
+    served, served_pairs = policy._state_inputs([(episode.task, episode.steps[:i]) for i in prefixes], specs, vectors)
     assert served.shape == batch.states.shape == (len(prefixes), state_dim(encoder.dim, WINDOW))
     torch.testing.assert_close(served, batch.states, rtol=0, atol=0)
     # Pair features are per tool: compare them by name, the two paths order tools differently.
-    rows = [dataset.tools.index[spec.name] for spec in TOOLS]
+    rows = [dataset.tools.index[spec.name] for spec in specs]
     assert batch.pairs is not None
     torch.testing.assert_close(served_pairs, batch.pairs[:, rows, :], rtol=0, atol=1e-7)
 

@@ -247,15 +247,21 @@ def test_request_parts_read_further_once_a_call_was_made() -> None:
     assert set(request_part_texts([request])) == {*request_parts(request), *late}
 
 
+def vectors_of(tools: list[ToolSpec], encoder: StateEncoder) -> np.ndarray:
+    return encoder.embed([tool.text() for tool in tools])
+
+
 def test_tool_coverage_reads_a_late_ask_only_after_a_call(encoder: StateEncoder) -> None:
     start = ToolSpec(name="startEngine", description="Start the car's engine.")
     lock = ToolSpec(name="lockDoors", description="Lock the doors of the car.")
     tools = [start, lock]
     request = f"Start the engine. {'The car is parked on the street near the old market square. ' * 7}Lock the doors."
-    vectors = encoder.embed([tool.text() for tool in tools])
     called = Step(kind="tool_call", tool="startEngine", arguments={}, observation="engine on")
-    before = tool_coverage(state_parts(request, [], 2), tools, vectors, encoder.embed, lambda name: name)
-    after = tool_coverage(state_parts(request, [called], 2), tools, vectors, encoder.embed, lambda name: name)
+    before = tool_coverage(state_parts(request, [], 2), tools, vectors_of(tools, encoder), encoder.embed,
+                encoder.match_tokens, lambda name: name)
+    after = tool_coverage(state_parts(request, [called], 2), tools, vectors_of(tools, encoder), encoder.embed,
+                encoder.match_tokens,
+                          lambda name: name)
     assert after[1] > before[1]  # "Lock the doors." counts once a call was made, and the called tool does not serve it
     assert after[0] <= 0.0
 
@@ -263,9 +269,10 @@ def test_tool_coverage_reads_a_late_ask_only_after_a_call(encoder: StateEncoder)
 def test_part_coverage_is_what_a_tool_adds_over_the_tools_called_in_this_turn() -> None:
     parts = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])  # two parts of the request
     tools = np.array([[0.9, 0.1, 0.0], [0.1, 0.8, 0.0], [0.0, 0.0, 1.0]])
-    nothing = part_coverage(parts, tools, np.array([False, False, False]))
+    similarity = parts @ tools.T
+    nothing = part_coverage(similarity, np.array([False, False, False]))
     assert nothing.tolist() == pytest.approx([0.9, 0.8, 0.0])  # before any call: the best part similarity
-    after_first = part_coverage(parts, tools, np.array([True, False, False]))
+    after_first = part_coverage(similarity, np.array([True, False, False]))
     # part 1 is served (0.9), part 2 only at 0.1: the second tool still adds 0.7, the first nothing
     assert after_first.tolist() == pytest.approx([0.0, 0.7, -0.1])
 
@@ -277,13 +284,20 @@ def test_tool_coverage_sees_an_unserved_part_after_the_first_call(encoder: State
     tools = [weather, convert, email]
     called = Step(kind="tool_call", tool="get_weather", arguments={"city": "Paris"}, observation="14 C, rain")
     parts = state_parts("What is the weather in Paris right now, in Fahrenheit?", [called], 2)
-    vectors = encoder.embed([tool.text() for tool in tools])
-    coverage = tool_coverage(parts, tools, vectors, encoder.embed, lambda name: name)
+    coverage = tool_coverage(parts, tools, vectors_of(tools, encoder), encoder.embed,
+                encoder.match_tokens, lambda name: name)
     assert coverage[0] <= 0.0 < coverage[1]  # the called tool adds nothing; the conversion serves "in Fahrenheit"
     assert coverage[1] > coverage[2]
     # A call of a tool not offered now still covers its part.
-    alone = tool_coverage(parts, [convert, email], vectors[1:], encoder.embed, lambda name: weather.text())
+    alone = tool_coverage(parts, [convert, email], vectors_of([convert, email], encoder), encoder.embed,
+                encoder.match_tokens, lambda name: weather.text())
     assert alone == pytest.approx(coverage[1:], abs=1e-6)
+    # Before any call, a tool's best part by the cosine of embeddings, not by tokens.
+    first = tool_coverage(state_parts(parts.request, [], 2), tools, vectors_of(tools, encoder), encoder.embed,
+                encoder.match_tokens,
+                          lambda name: name)
+    vectors, clauses = encoder.embed([tool.text() for tool in tools]), encoder.embed(request_parts(parts.request))
+    assert first == pytest.approx((clauses @ vectors.T).max(axis=0).tolist(), abs=1e-6)
 
 
 def test_pair_features_see_the_prerequisite_of_a_missing_identifier() -> None:
@@ -491,3 +505,26 @@ def test_empty_logs_give_an_empty_dataset(encoder: StateEncoder) -> None:
     data = build_dataset([no_decisions()], encoder, history_window=2)
     assert len(data) == 0
     assert data.masks(torch.arange(len(data))).shape == (0, 2)
+
+
+def test_token_matching_reads_each_parts_nearest_tools_and_floors_the_rest(encoder: StateEncoder,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import evoharness_agent.encoding.state as state
+
+    tools = [ToolSpec(name=f"tool_{i}", description=text) for i, text in enumerate(
+        ["Get the current weather in a city.", "Convert a temperature to Fahrenheit.", "Send an email.",
+         "Book a flight.", "List the files in a folder.", "Translate a text.", "Play a song."])]
+    called = Step(kind="tool_call", tool="tool_0", arguments={"city": "Paris"}, observation="14 C")
+    parts = state_parts("What is the weather in Paris right now, in Fahrenheit?", [called], 2)
+    everything = tool_coverage(parts, tools, vectors_of(tools, encoder), encoder.embed,
+                encoder.match_tokens, lambda name: name)
+    monkeypatch.setattr(state, "TOKEN_SHORTLIST", 2)
+    shortlisted = tool_coverage(parts, tools, vectors_of(tools, encoder), encoder.embed,
+                encoder.match_tokens, lambda name: name)
+    clauses = request_parts(parts.request, after_call=True)
+    cosine = encoder.embed(clauses) @ encoder.embed([tool.text() for tool in tools]).T
+    near = set(np.argsort(-cosine, axis=1)[:, :2].ravel()) | {0}
+    assert 1 in near and len(near) < len(tools)
+    # A tool on some part's shortlist keeps its token-level value on it; the others sit at a floor below.
+    assert shortlisted[1] == pytest.approx(everything[1])
+    assert max(shortlisted[i] for i in range(len(tools)) if i not in near) <= shortlisted[1]

@@ -98,6 +98,11 @@ def test_export_round_trip_matches_torch(exported: tuple[Path, Path], tiny_encod
     texts = [step.observation for _, history in STATES for step in history] + ["a", "a much longer text " * 20]
     cosine = np.sum(torch_policy.encoder.embed(texts) * onnx_policy.encoder.embed(texts), axis=1)
     np.testing.assert_allclose(cosine, 1.0, atol=1e-5)  # batched, padded, truncated at 48 tokens alike
+    # The token vectors the request-part coverage matches: the same tokens, the same vectors.
+    for mine, theirs in zip(torch_policy.encoder.embed_tokens(texts), onnx_policy.encoder.embed_tokens(texts),
+                            strict=True):
+        assert mine.shape == theirs.shape and len(mine) > 0
+        np.testing.assert_allclose(theirs.astype(np.float32), mine.astype(np.float32), atol=2e-3)
     meta = json.loads((out / "policy.json").read_text())["onnx"]
     assert meta["precision"] == "fp32" and meta["calibrated_on"] == TRAINED_EMBEDDINGS
     # Its own cache identity: ONNX vectors never answer for torch ones in the shared disk cache.
