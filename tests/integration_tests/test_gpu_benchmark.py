@@ -40,7 +40,11 @@ def test_gpu_check_compiles_the_training_passes_on_cpu(tmp_path: Path, monkeypat
     assert row["mode"] == "compiled" and row["transitions_per_s"] > 0 and row["warmup_seconds"] > 0
     eager, *others = report["number_format_parity"]["runs"]
     assert [run["mode"] for run in [eager, *others]] == [name for name, *_ in gpu.PARITY_RUNS]
-    for run in others:  # fused or not, one arithmetic to rounding; fp32 against bf16 autocast where it is native
-        tolerance = 2e-2 if run["mode"] == "eager fp32" else 1e-3
+    # Fused or not, one arithmetic to rounding; fp32 against bf16 autocast where it is native. Compiled,
+    # inductor fuses the bf16 ops and rounds at other places: up to bf16's step (2**-8) after 20 updates
+    # (loss/td 0.8631 against 0.8620 eager, 1.3e-3, once the state layout 9 data changed the trajectory).
+    tolerances = {"eager fp32": 2e-2, "compiled": 2**-8}
+    for run in others:
+        tolerance = tolerances.get(run["mode"], 1e-3)
         for key in gpu.PARITY_METRICS:
             assert run[key] == pytest.approx(eager[key], rel=tolerance, abs=tolerance), (run["mode"], key)
