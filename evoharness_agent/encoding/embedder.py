@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import logging
 import math
 import os
@@ -25,7 +26,6 @@ import sys
 import threading
 import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "MATCHES_KEPT",
     "STATIC_STEP_MODEL",
+    "TOKEN_TEXTS_KEPT",
     "EmbeddingCache",
     "StateEncoder",
     "TokenCodes",
@@ -58,6 +59,9 @@ STATIC_STEP_MODEL = "all-MiniLM-L6-v2-static64"
 in the package (``trained/``): the shipped default policy embeds its history steps with it."""
 
 
+TOKEN_TEXTS_KEPT = 50_000
+"""How many texts' token vectors (and their codes) an encoder keeps in memory, the newest: a server
+meets new requests for ever; the disk cache gives an older one back."""
 MATCHES_KEPT = 200_000
 """How many (text, text) values of :meth:`StateEncoder.match_tokens` an encoder keeps (a turn's decisions ask again)."""
 _STOP_WORDS = frozenset(
@@ -331,9 +335,9 @@ class StateEncoder:
         self._model_lock = threading.Lock()
         self._memory: dict[str, np.ndarray] = {}
         self._token_memory: dict[str, np.ndarray] = {}
-        self._matches_lock = threading.Lock()
+        self._tokens_lock = threading.Lock()
         self._codes: dict[str, TokenCodes] = {}
-        self._matches: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._matches: dict[tuple[str, str], float] = {}
         self._n_encoded = 0
         if cache_dir is False:
             self._disk: EmbeddingCache | None = None
@@ -450,13 +454,16 @@ class StateEncoder:
         as stored: a text's rows are the same numbers whether encoded now or read back.
         """
         keys = [self._key(t) for t in texts]
-        missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._token_memory}
+        with self._tokens_lock:
+            found = {k: self._token_memory[k] for k in keys if k in self._token_memory}
+        missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in found}
+        fresh: dict[str, np.ndarray] = {}
         if missing and self._disk is not None:
             # Unit rows only: any other (a damaged file) is a miss, encoded again and written over.
             cached = self._disk.get_token_rows(list(missing))
-            self._token_memory.update({k: rows for k, rows in cached.items()
-                                       if np.allclose(np.linalg.norm(rows.astype(np.float32), axis=1), 1.0, atol=5e-3)})
-            missing = {k: t for k, t in missing.items() if k not in self._token_memory}
+            fresh.update({k: rows for k, rows in cached.items()
+                          if np.allclose(np.linalg.norm(rows.astype(np.float32), axis=1), 1.0, atol=5e-3)})
+            missing = {k: t for k, t in missing.items() if k not in fresh}
         if missing:
             model = self._load()
             if _is_static(model):  # its sentence embeddings, counted by embed
@@ -465,20 +472,24 @@ class StateEncoder:
                 with self._model_lock:
                     encoded = self._encode_tokens(list(missing.values()))
                 self._n_encoded += len(encoded)
-            fresh = {k: rows.astype(np.float16) for k, rows in zip(missing, encoded, strict=True)}
-            self._token_memory.update(fresh)
+            rows = {k: vectors.astype(np.float16) for k, vectors in zip(missing, encoded, strict=True)}
             if self._disk is not None:
-                self._disk.put_token_rows(fresh)
-        return [self._token_memory[k] for k in keys]
+                self._disk.put_token_rows(rows)
+            fresh.update(rows)
+        if fresh:
+            with self._tokens_lock:
+                _keep_newest(self._token_memory, fresh, TOKEN_TEXTS_KEPT)
+        found.update(fresh)
+        return [found[k] for k in keys]
 
     def match_tokens(self, left: Sequence[str], right: Sequence[str]) -> np.ndarray:
         """Return the ``(L, R)`` :func:`late_interaction` of two lists of texts, from their :meth:`embed_tokens`.
 
-        Each pair's value is kept (the last :data:`MATCHES_KEPT`): a live run's decisions in one
+        Each pair's value is kept (the newest :data:`MATCHES_KEPT`): a live run's decisions in one
         turn match the same request parts with mostly the same tools, and the product is most of
         what this costs. Only the texts of pairs not kept are matched again.
         """
-        with self._matches_lock:
+        with self._tokens_lock:
             values = [[self._matches.get((a, b)) for b in right] for a in left]
         new_left = [i for i, row in enumerate(values) if None in row]
         if new_left:
@@ -489,21 +500,23 @@ class StateEncoder:
                      for a, i in enumerate(new_left) for b, j in enumerate(new_right)}
             for i in new_left:
                 values[i] = [fresh.get((left[i], b), value) for b, value in zip(right, values[i], strict=True)]
-            with self._matches_lock:
-                self._matches.update(fresh)
-                while len(self._matches) > MATCHES_KEPT:
-                    self._matches.popitem(last=False)
+            with self._tokens_lock:
+                _keep_newest(self._matches, fresh, MATCHES_KEPT)
         return np.array(values, dtype=np.float64).reshape(len(left), len(right))
 
     def _token_codes(self, texts: Sequence[str]) -> list[TokenCodes]:
         """Return the texts' :func:`token_codes`, made once per text from :meth:`embed_tokens`."""
         keys = [self._key(text) for text in texts]
-        missing = {key: text for key, text in zip(keys, texts, strict=True) if key not in self._codes}
-        codes = {key: token_codes(rows) for key, rows in zip(missing, self.embed_tokens(list(missing.values())),
-                                                              strict=True)}
-        with self._matches_lock:
-            self._codes.update(codes)
-            return [self._codes[key] for key in keys]
+        with self._tokens_lock:
+            found = {key: self._codes[key] for key in keys if key in self._codes}
+        missing = {key: text for key, text in zip(keys, texts, strict=True) if key not in found}
+        if missing:
+            codes = {key: token_codes(rows) for key, rows in zip(missing, self.embed_tokens(list(missing.values())),
+                                                                  strict=True)}
+            with self._tokens_lock:
+                _keep_newest(self._codes, codes, TOKEN_TEXTS_KEPT)
+            found.update(codes)
+        return [found[key] for key in keys]
 
     def _encode_tokens(self, texts: list[str]) -> list[np.ndarray]:
         """Run ``texts`` through the transformer; return each one's :func:`content_rows` vectors, unit length."""
@@ -573,6 +586,13 @@ class StateEncoder:
         finally:
             model.stop_multi_process_pool(pool)
             model.to(device)  # starting the pool moved the model to the CPU
+
+
+def _keep_newest(memory: dict[Any, Any], fresh: dict[Any, Any], limit: int) -> None:
+    """Add ``fresh`` to ``memory``, then drop its oldest entries (a dict keeps insertion order) beyond ``limit``."""
+    memory.update(fresh)
+    for key in list(itertools.islice(memory, max(len(memory) - limit, 0))):
+        del memory[key]
 
 
 def _is_static(model: Any) -> bool:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from evoharness_agent.encoding import embedder
 from evoharness_agent.encoding.embedder import EmbeddingCache, StateEncoder
 
 
@@ -117,3 +118,18 @@ def test_token_rows_cut_short_are_encoded_again_and_overwritten(encoder: StateEn
     third = StateEncoder(cache_dir=tmp_path, device="cpu")  # both rebuilt on disk: nothing to encode
     assert [rows.shape for rows in third.embed_tokens(texts)] == [rows.shape for rows in expected]
     assert third.n_encoded == 0 and third._model is None
+
+
+def test_token_vectors_kept_in_memory_are_bounded_and_read_back_from_disk(encoder: StateEncoder, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # A server meets new requests for ever: only the newest texts' token vectors stay in memory.
+    monkeypatch.setattr(embedder, "TOKEN_TEXTS_KEPT", 2)
+    fresh = _on_cache(encoder, tmp_path)
+    texts = ["the weather in Paris", "in Fahrenheit", "email it to Ray"]
+    first = fresh.embed_tokens(texts)
+    match = fresh.match_tokens(texts[:1], texts[1:])
+    assert len(fresh._token_memory) == len(fresh._codes) == 2 and fresh.n_encoded == 3
+    again = fresh.embed_tokens(texts)  # the oldest one from the disk cache, not the model
+    assert fresh.n_encoded == 3 and all((a == b).all() for a, b in zip(first, again, strict=True))
+    fresh._matches.clear()
+    np.testing.assert_array_equal(fresh.match_tokens(texts[:1], texts[1:]), match)
