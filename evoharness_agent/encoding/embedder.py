@@ -219,24 +219,31 @@ class EmbeddingCache:
     def get_many(self, keys: Sequence[str]) -> dict[str, np.ndarray]:
         """Return the cached vectors among ``keys``; a row that is not whole float32s is left out."""
         found: dict[str, np.ndarray] = {}
-        with self._lock:
-            self._recovering(lambda: self._get_chunks(keys, found))
+        damaged = 0
+        for key, blob in self._select("SELECT key, vec FROM emb WHERE key IN ({marks})", keys):
+            if isinstance(blob, bytes) and blob and len(blob) % 4 == 0:
+                found[key] = np.frombuffer(blob, dtype=np.float32)
+            else:  # cut short mid-number: a miss, so the caller encodes it again and writes it over
+                damaged += 1
+        if damaged:
+            _warn_damaged(self.path, damaged)
         return found
 
-    def _get_chunks(self, keys: Sequence[str], found: dict[str, np.ndarray]) -> None:
-        """Look keys up 500 at a time (SQLite's parameter limit)."""
-        for start in range(0, len(keys), 500):
-            chunk = list(keys[start : start + 500])
-            marks = ",".join("?" * len(chunk))
-            rows = self._db.execute(f"SELECT key, vec FROM emb WHERE key IN ({marks})", chunk)
-            damaged = 0
-            for key, blob in rows:
-                if isinstance(blob, bytes) and blob and len(blob) % 4 == 0:
-                    found[key] = np.frombuffer(blob, dtype=np.float32)
-                else:  # cut short mid-number: a miss, so the caller encodes it again and writes it over
-                    damaged += 1
-            if damaged:
-                _warn_damaged(self.path, damaged)
+    def _select(self, query: str, keys: Sequence[str]) -> list[tuple[Any, ...]]:
+        """Return the rows of ``query`` for ``keys`` (its ``{marks}``), asked 500 at a time (SQLite's parameter limit).
+
+        A damaged file gives the rows read before the damage was found, and a fresh cache.
+        """
+        rows: list[tuple[Any, ...]] = []
+
+        def read() -> None:
+            for start in range(0, len(keys), 500):
+                chunk = list(keys[start : start + 500])
+                rows.extend(self._db.execute(query.format(marks=",".join("?" * len(chunk))), chunk))
+
+        with self._lock:
+            self._recovering(read)
+        return rows
 
     def put_many(self, items: dict[str, np.ndarray]) -> None:
         """Store vectors in one transaction."""
@@ -247,22 +254,12 @@ class EmbeddingCache:
         """Return the cached ``(tokens, width)`` float16 token rows among ``keys``; rows cut short are left out."""
         found: dict[str, np.ndarray] = {}
         damaged = 0
-
-        def read() -> None:
-            nonlocal damaged
-            for start in range(0, len(keys), 500):  # SQLite's parameter limit
-                chunk = list(keys[start : start + 500])
-                marks = ",".join("?" * len(chunk))
-                query = f"SELECT key, n, width, vec FROM tokens WHERE key IN ({marks})"
-                for key, n, width, blob in self._db.execute(query, chunk):
-                    if isinstance(blob, bytes) and isinstance(n, int) and isinstance(width, int) and n > 0 \
-                            and width > 0 and len(blob) == 2 * n * width:
-                        found[key] = np.frombuffer(blob, dtype=np.float16).reshape(n, width)
-                    else:  # a miss: the caller encodes it again and writes it over
-                        damaged += 1
-
-        with self._lock:
-            self._recovering(read)
+        for key, n, width, blob in self._select("SELECT key, n, width, vec FROM tokens WHERE key IN ({marks})", keys):
+            if isinstance(blob, bytes) and isinstance(n, int) and isinstance(width, int) and n > 0 \
+                    and width > 0 and len(blob) == 2 * n * width:
+                found[key] = np.frombuffer(blob, dtype=np.float16).reshape(n, width)
+            else:  # a miss: the caller encodes it again and writes it over
+                damaged += 1
         if damaged:
             _warn_damaged(self.path, damaged)
         return found
