@@ -24,6 +24,7 @@ from evoharness_agent.encoding.state import (
     N_STATE_FEATURES,
     SlotRows,
     gather_states,
+    matched_part_texts,
     n_slots,
     request_part_texts,
     request_parts,
@@ -230,8 +231,7 @@ class ToolPolicy:
         # All new requests' clauses in one encoder call, and the token vectors of those matched after a call
         # in another (for a session observed with embed=False, the server's); tool_coverage finds them cached.
         self.encoder.embed(request_part_texts(parts.request for parts in all_parts))
-        self.encoder.embed_tokens(sorted({part for parts in all_parts
-                                          for part in request_parts(parts.request, after_call=True)}))
+        self.encoder.embed_tokens(matched_part_texts(parts.request for parts in all_parts))
         rows, features, pairs = [], [], []
         for parts, allowed in zip(all_parts, available or [None] * len(states), strict=True):
             rows.append(state_rows(parts, tool_text, slots, self.history_window))

@@ -72,6 +72,7 @@ __all__ = [
     "StateParts",
     "decisions",
     "gather_states",
+    "matched_part_texts",
     "n_slots",
     "part_coverage",
     "request_part_texts",
@@ -186,6 +187,11 @@ def request_part_texts(requests: Iterable[str]) -> list[str]:
     """Return the distinct :func:`request_parts` of ``requests``, before and after a call, sorted (one batch)."""
     return sorted({part for request in requests for after_call in (False, True)
                    for part in request_parts(request, after_call=after_call)})
+
+
+def matched_part_texts(requests: Iterable[str]) -> list[str]:
+    """Return the distinct clauses that :func:`tool_coverage` matches token by token (after a call), sorted."""
+    return sorted({part for request in requests for part in request_parts(request, after_call=True)})
 
 
 def part_coverage(similarity: np.ndarray, called: np.ndarray) -> np.ndarray:

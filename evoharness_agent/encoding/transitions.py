@@ -27,6 +27,7 @@ from evoharness_agent.encoding.state import (
     SlotRows,
     decisions,
     gather_states,
+    matched_part_texts,
     n_slots,
     request_part_texts,
     state_dim,
@@ -305,12 +306,12 @@ def build_dataset(
     specs += [ToolSpec(name=step.tool) for ep in episodes for step in ep.steps if step.tool]
     tools = ToolTable.from_specs(specs, encoder)
     tool_vectors = tools.embeddings.numpy()
-    # Every request's parts, and their and the tools' token vectors, in one batched encoding each:
-    # the per-decision lookups below then hit the cache.
+    # Every request's parts, the token vectors of those matched after a call and the tools' token vectors,
+    # in one batched encoding each: the per-decision lookups below then hit the cache.
     requests = {ep.task for ep in episodes} | {s.content for ep in episodes for s in ep.steps if s.kind == "user"}
-    clauses = request_part_texts(requests)
-    encoder.embed(clauses, show_progress=show_progress, processes=encode_processes, ray=encode_ray)
-    encoder.embed_tokens(clauses)
+    encoder.embed(request_part_texts(requests), show_progress=show_progress, processes=encode_processes,
+                  ray=encode_ray)
+    encoder.embed_tokens(matched_part_texts(requests))
     encoder.embed_tokens([spec.text() for spec in tools.specs])
     slots = SlotRows()
 

@@ -10,6 +10,7 @@ from evoharness_agent.encoding.state import (
     N_STATE_FEATURES,
     PAIR_FEATURES,
     decisions,
+    matched_part_texts,
     part_coverage,
     request_part_texts,
     request_parts,
@@ -245,6 +246,7 @@ def test_request_parts_read_further_once_a_call_was_made() -> None:
         "Convert 451 F", "email ray@example.org"]
     # Both sets in one batch for the encoder.
     assert set(request_part_texts([request])) == {*request_parts(request), *late}
+    assert matched_part_texts([request, request]) == sorted(set(late))  # what token matching reads, once each
 
 
 def vectors_of(tools: list[ToolSpec], encoder: StateEncoder) -> np.ndarray:
