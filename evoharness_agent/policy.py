@@ -203,8 +203,10 @@ class ToolPolicy:
                 self._tool_tables.move_to_end(key)
                 return table
         texts = [s.text() for s in specs]
+        # Token vectors first: their pass gives the embeddings too (one pass), and the request-part
+        # coverage matches some of them at each decision.
+        self.encoder.embed_tokens(texts)
         array = self.encoder.embed(texts)
-        self.encoder.embed_tokens(texts)  # now, in one batch: the request-part coverage matches some at each decision
         ids = torch.tensor([self.known_tools.get(s.name, -1) for s in specs], device=self.device)
         table = (ToolInputs(torch.from_numpy(array).to(self.device), ids), array)
         with self._lock:
@@ -228,10 +230,11 @@ class ToolPolicy:
             return (by_name.get(name) or ToolSpec(name=name)).text()
 
         all_parts = [state_parts(task, history, self.history_window) for task, history in states]
-        # All new requests' clauses in one encoder call, and the token vectors of those matched after a call
-        # in another (for a session observed with embed=False, the server's); tool_coverage finds them cached.
-        self.encoder.embed(request_part_texts(parts.request for parts in all_parts))
+        # All new requests' clauses matched after a call in one encoder pass (their token vectors and
+        # embeddings), the others in a second (for a session observed with embed=False, the server's);
+        # tool_coverage finds them cached.
         self.encoder.embed_tokens(matched_part_texts(parts.request for parts in all_parts))
+        self.encoder.embed(request_part_texts(parts.request for parts in all_parts))
         rows, features, pairs = [], [], []
         for parts, allowed in zip(all_parts, available or [None] * len(states), strict=True):
             rows.append(state_rows(parts, tool_text, slots, self.history_window))
@@ -328,8 +331,9 @@ class PolicySession:
         encoder, so such a decision looks them up instead of paying the product.
         """
         encoder = self.policy.encoder
-        encoder.embed([request, *request_part_texts([request])])
+        # Matching first: its pass gives the clauses' embeddings with their token vectors.
         encoder.match_tokens(request_parts(request, after_call=True), self._tool_texts)
+        encoder.embed([request, *request_part_texts([request])])
 
     def observe(self, step: Step | Mapping[str, Any], *, embed: bool = True) -> None:
         """Record a step (tool call, reply or user message) and embed its text once.

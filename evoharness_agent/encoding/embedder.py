@@ -433,22 +433,30 @@ class StateEncoder:
         if missing:
             with self._model_lock:
                 vectors = self._encode(list(missing.values()), show_progress, processes, ray).astype(np.float32)
-            fresh = dict(zip(missing, vectors, strict=True))
-            self._memory.update(fresh)
-            self._n_encoded += len(fresh)
-            if self._disk is not None:
-                self._disk.put_many(fresh)
+            self._n_encoded += len(vectors)
+            self._keep_embeddings(dict(zip(missing, vectors, strict=True)))
         if not keys:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([self._memory[k] for k in keys])
 
-    def embed_tokens(self, texts: Sequence[str]) -> list[np.ndarray]:
+    def _keep_embeddings(self, vectors: dict[str, np.ndarray]) -> None:
+        """Keep fresh sentence embeddings (by cache key) that memory lacks, in memory and on disk."""
+        fresh = {key: vector for key, vector in vectors.items() if key not in self._memory}
+        self._memory.update(fresh)
+        if fresh and self._disk is not None:
+            self._disk.put_many(fresh)
+
+    def embed_tokens(self, texts: Sequence[str], *, show_progress: bool = False) -> list[np.ndarray]:
         """Return each text's content-token vectors, ``(tokens, dim)`` float16 unit rows (:func:`content_rows`).
 
         What token-level matching (MaxSim) reads: the last layer's vector of each content token,
         before pooling, cached in memory and on disk as the sentence embeddings are. A model with
         no token vectors (a static one) gives the text's sentence embedding as its one row. Float16,
         as stored: a text's rows are the same numbers whether encoded now or read back.
+
+        The transformer pass that gives a text's token vectors gives its sentence embedding too,
+        kept for :meth:`embed`: a caller that needs both asks for the token vectors first, and the
+        texts go through the model once.
         """
         keys = [self._key(t) for t in texts]
         with self._tokens_lock:
@@ -467,8 +475,9 @@ class StateEncoder:
                 encoded = [vector[None] for vector in self.embed(list(missing.values()))]
             else:
                 with self._model_lock:
-                    encoded = self._encode_tokens(list(missing.values()))
+                    sentences, encoded = self._encode_tokens(list(missing.values()), show_progress)
                 self._n_encoded += len(encoded)
+                self._keep_embeddings(dict(zip(missing, sentences, strict=True)))
             rows = {k: vectors.astype(np.float16) for k, vectors in zip(missing, encoded, strict=True)}
             if self._disk is not None:
                 self._disk.put_token_rows(rows)
@@ -515,21 +524,23 @@ class StateEncoder:
             found.update(codes)
         return [found[key] for key in keys]
 
-    def _encode_tokens(self, texts: list[str]) -> list[np.ndarray]:
-        """Run ``texts`` through the transformer; return each one's :func:`content_rows` vectors, unit length."""
+    def _encode_tokens(self, texts: list[str], show_progress: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Run ``texts`` through the transformer once: embeddings (as :meth:`embed`'s) and unit :func:`content_rows`."""
         import torch
 
         model = self._load()
-        outputs = model.encode(texts, output_value="token_embeddings", batch_size=self.batch_size,
-                               convert_to_numpy=False, show_progress_bar=False)
+        outputs = model.encode(texts, output_value=None, batch_size=self.batch_size,
+                               show_progress_bar=show_progress and len(texts) > self.batch_size)
         encodings = model.tokenizer(texts, truncation=True, max_length=model.max_seq_length,
                                     return_special_tokens_mask=True)
-        out = []
-        for vectors, ids, special in zip(outputs, encodings["input_ids"], encodings["special_tokens_mask"],
-                                         strict=True):
+        # normalised as embed's pass normalises them (normalize_embeddings=True), so the two give one vector
+        sentences = torch.nn.functional.normalize(torch.stack([out["sentence_embedding"] for out in outputs]), dim=1)
+        rows_out = []
+        for out, ids, special in zip(outputs, encodings["input_ids"], encodings["special_tokens_mask"], strict=True):
             rows = content_rows(model.tokenizer.convert_ids_to_tokens(ids), special)
-            out.append(torch.nn.functional.normalize(vectors[rows].float(), dim=-1).cpu().numpy())
-        return out
+            vectors = out["token_embeddings"][out["attention_mask"].bool()]  # the text's own tokens, no padding
+            rows_out.append(torch.nn.functional.normalize(vectors[rows].float(), dim=-1).cpu().numpy())
+        return sentences.float().cpu().numpy(), rows_out
 
     def embed_steps(self, texts: Sequence[str], *, show_progress: bool = False, processes: int = 1,
                     ray: RayEncoding | None = None) -> np.ndarray:

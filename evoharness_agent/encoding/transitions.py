@@ -50,12 +50,18 @@ class ToolTable:
 
     @classmethod
     def from_specs(cls, specs: Iterable[ToolSpec], encoder: StateEncoder) -> ToolTable:
-        """Embed each distinct tool once; a name seen twice keeps its first description."""
+        """Embed each distinct tool once; a name seen twice keeps its first description.
+
+        The tools' token vectors (what :func:`~evoharness_agent.encoding.state.tool_coverage` matches)
+        come from the same encoder pass as their embeddings.
+        """
         unique: dict[str, ToolSpec] = {FINISH: finish_spec()}
         for spec in specs:
             unique.setdefault(spec.name, spec)
         ordered = list(unique.values())
-        vectors = encoder.embed([spec.text() for spec in ordered])
+        texts = [spec.text() for spec in ordered]
+        encoder.embed_tokens(texts)
+        vectors = encoder.embed(texts)
         return cls(ordered, torch.from_numpy(vectors), {s.name: i for i, s in enumerate(ordered)})
 
     @property
@@ -306,13 +312,12 @@ def build_dataset(
     specs += [ToolSpec(name=step.tool) for ep in episodes for step in ep.steps if step.tool]
     tools = ToolTable.from_specs(specs, encoder)
     tool_vectors = tools.embeddings.numpy()
-    # Every request's parts, the token vectors of those matched after a call and the tools' token vectors,
-    # in one batched encoding each: the per-decision lookups below then hit the cache.
+    # Every request's parts in batched encodings: those matched after a call with their token vectors
+    # (one pass gives both), then the rest. The per-decision lookups below then hit the cache.
     requests = {ep.task for ep in episodes} | {s.content for ep in episodes for s in ep.steps if s.kind == "user"}
+    encoder.embed_tokens(matched_part_texts(requests), show_progress=show_progress)
     encoder.embed(request_part_texts(requests), show_progress=show_progress, processes=encode_processes,
                   ray=encode_ray)
-    encoder.embed_tokens(matched_part_texts(requests))
-    encoder.embed_tokens([spec.text() for spec in tools.specs])
     slots = SlotRows()
 
     def tool_text(name: str) -> str:

@@ -150,11 +150,13 @@ class OnnxSentenceEncoder:
         """
         if not texts:
             return np.zeros((0, int(self._session.get_outputs()[0].shape[-1])), dtype=np.float32)
-        out = self._run(texts, SENTENCE_OUTPUT, batch_size)
-        return np.stack([vectors for vectors, _ in out]).astype(np.float32, copy=False)
+        out = self._run(texts, (SENTENCE_OUTPUT,), batch_size)
+        return np.stack([vectors for (vectors,), _ in out]).astype(np.float32, copy=False)
 
-    def encode_tokens(self, texts: Sequence[str], *, batch_size: int = 64) -> list[np.ndarray]:
-        """Return each text's :func:`~evoharness_agent.encoding.embedder.content_rows` vectors, unit length.
+    def encode_tokens(self, texts: Sequence[str], *, batch_size: int = 64) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Return the texts' embeddings (as :meth:`encode`'s) and each one's content-token vectors, from one run.
+
+        The content-token vectors are :func:`~evoharness_agent.encoding.embedder.content_rows`, unit length.
 
         Raises:
             ValueError: the graph was exported before it gave token vectors (export the policy again).
@@ -163,17 +165,19 @@ class OnnxSentenceEncoder:
         if TOKEN_OUTPUT not in {node.name for node in self._session.get_outputs()}:
             raise ValueError(f"this {ENCODER_FILE} gives no {TOKEN_OUTPUT!r}: export the policy again "
                              "(`evoharness-agent export`)")
-        out = []
-        for vectors, encoding in self._run(texts, TOKEN_OUTPUT, batch_size):
+        sentences, rows_out = [], []
+        for (sentence, vectors), encoding in self._run(texts, (SENTENCE_OUTPUT, TOKEN_OUTPUT), batch_size):
             rows = vectors[content_rows(encoding.tokens, encoding.special_tokens_mask)].astype(np.float32)
-            out.append(rows / np.linalg.norm(rows, axis=1, keepdims=True).clip(min=1e-12))
-        return out
+            sentences.append(sentence)
+            rows_out.append(rows / np.linalg.norm(rows, axis=1, keepdims=True).clip(min=1e-12))
+        return np.stack(sentences).astype(np.float32, copy=False), rows_out
 
-    def _run(self, texts: Sequence[str], output: str, batch_size: int) -> list[tuple[np.ndarray, Encoding]]:
-        """Return each text's row of the graph's ``output`` (token rows cut to the text's tokens) and its encoding."""
+    def _run(self, texts: Sequence[str], outputs: Sequence[str], batch_size: int,
+             ) -> list[tuple[list[np.ndarray], Encoding]]:
+        """Return each text's rows of the graph's ``outputs`` (token rows cut to the text's tokens) and its encoding."""
         encodings = self.tokenizer.encode_batch(list(texts))
         order = np.argsort([len(e.ids) for e in encodings], kind="stable")
-        out: list[tuple[np.ndarray, Encoding]] = [(np.empty(0), e) for e in encodings]
+        out: list[tuple[list[np.ndarray], Encoding]] = [([], e) for e in encodings]
         for start in range(0, len(order), batch_size):
             chunk = [int(i) for i in order[start : start + batch_size]]
             width = max(len(encodings[i].ids) for i in chunk)
@@ -184,10 +188,10 @@ class OnnxSentenceEncoder:
                 arrays["input_ids"][row, : len(e.ids)] = e.ids
                 arrays["attention_mask"][row, : len(e.ids)] = e.attention_mask
                 arrays["token_type_ids"][row, : len(e.ids)] = e.type_ids
-            values = self._session.run([output], {k: v for k, v in arrays.items() if k in self._inputs})[0]
+            values = self._session.run(list(outputs), {k: v for k, v in arrays.items() if k in self._inputs})
             for row, i in enumerate(chunk):
-                vectors = values[row] if output == SENTENCE_OUTPUT else values[row, : len(encodings[i].ids)]
-                out[i] = (vectors, encodings[i])
+                out[i] = ([value[row] if name == SENTENCE_OUTPUT else value[row, : len(encodings[i].ids)]
+                           for name, value in zip(outputs, values, strict=True)], encodings[i])
         return out
 
 
@@ -222,7 +226,7 @@ class OnnxStateEncoder(StateEncoder):
         """Return the onnxruntime encoder (opened in ``__init__``)."""
         return self.onnx_model
 
-    def _encode_tokens(self, texts: list[str]) -> list[np.ndarray]:
-        """Return each text's content-token vectors from the exported graph."""
+    def _encode_tokens(self, texts: list[str], show_progress: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Return the texts' embeddings and content-token vectors from one run of the exported graph."""
         return self.onnx_model.encode_tokens(texts, batch_size=self.batch_size)
 

@@ -204,6 +204,22 @@ def test_token_vectors_are_unit_rows_of_the_content_tokens(encoder: StateEncoder
     assert encoder.embed_tokens(["What is the weather in Paris?"])[0] is weather  # kept in memory
 
 
+def test_one_transformer_pass_gives_a_texts_token_vectors_and_its_embedding(tmp_path: Path) -> None:
+    texts = ["Email the forecast to Ray", "in Fahrenheit"]
+    encoder = StateEncoder(cache_dir=tmp_path, device="cpu")
+    model = encoder._load()
+    forwards = []
+    model.register_forward_hook(lambda module, args, output: forwards.append(len(output["sentence_embedding"])))
+    rows = encoder.embed_tokens(texts)
+    vectors = encoder.embed(texts)  # from the token vectors' pass: no second one
+    assert forwards == [2] and encoder.n_encoded == 2
+    np.testing.assert_allclose(vectors, model.encode(texts, normalize_embeddings=True), atol=1e-6)
+    # both are on disk: another encoder over the cache runs nothing
+    again = StateEncoder(cache_dir=tmp_path, device="cpu")
+    assert again.embed(texts).tolist() == vectors.tolist()
+    assert [r.tolist() for r in again.embed_tokens(texts)] == [r.tolist() for r in rows] and again.n_encoded == 0
+
+
 def test_match_tokens_is_the_late_interaction_of_the_texts_kept_for_the_next_ask(encoder: StateEncoder) -> None:
     parts, tools = ["the weather in Paris", "in Fahrenheit"], ["get_weather: current weather", "convert to Fahrenheit"]
     match = encoder.match_tokens(parts, tools)
