@@ -59,6 +59,10 @@ STATIC_STEP_MODEL = "all-MiniLM-L6-v2-static64"
 in the package (``trained/``): the shipped default policy embeds its history steps with it."""
 
 
+TEXTS_KEPT = 200_000
+"""How many texts' embeddings an encoder keeps in memory, the newest (about 300 MB at MiniLM's 384
+dimensions; the bundled training data has about 45,000): a server meets new requests for ever, and
+the disk cache gives an older one back."""
 TOKEN_TEXTS_KEPT = 50_000
 """How many texts' token vectors (and their codes) an encoder keeps in memory, the newest: a server
 meets new requests for ever; the disk cache gives an older one back."""
@@ -332,7 +336,7 @@ class StateEncoder:
         self._model_lock = threading.Lock()
         self._memory: dict[str, np.ndarray] = {}
         self._token_memory: dict[str, np.ndarray] = {}
-        self._tokens_lock = threading.Lock()
+        self._memory_lock = threading.Lock()
         self._codes: dict[str, TokenCodes] = {}
         self._matches: dict[tuple[str, str], float] = {}
         self._n_encoded = 0
@@ -420,7 +424,9 @@ class StateEncoder:
         under the same condition.
         """
         keys = [self._key(t) for t in texts]
-        missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._memory}
+        with self._memory_lock:
+            found = {k: self._memory[k] for k in keys if k in self._memory}
+        missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in found}
         if missing and self._disk is not None:
             cached = self._disk.get_many(list(missing))
             # Every vector written is unit length: any other (cut short by whole floats, NaN) is
@@ -428,21 +434,26 @@ class StateEncoder:
             whole = {k: v for k, v in cached.items() if abs(float(np.dot(v, v)) - 1.0) < 1e-3}
             if len(whole) < len(cached):
                 _warn_damaged(self._disk.path, len(cached) - len(whole))
-            self._memory.update(whole)
-            missing = {k: t for k, t in missing.items() if k not in self._memory}
+            with self._memory_lock:
+                _keep_newest(self._memory, whole, TEXTS_KEPT)
+            found.update(whole)
+            missing = {k: t for k, t in missing.items() if k not in found}
         if missing:
             with self._model_lock:
                 vectors = self._encode(list(missing.values()), show_progress, processes, ray).astype(np.float32)
             self._n_encoded += len(vectors)
-            self._keep_embeddings(dict(zip(missing, vectors, strict=True)))
+            encoded = dict(zip(missing, vectors, strict=True))
+            self._keep_embeddings(encoded)
+            found.update(encoded)
         if not keys:
             return np.zeros((0, self.dim), dtype=np.float32)
-        return np.stack([self._memory[k] for k in keys])
+        return np.stack([found[k] for k in keys])
 
     def _keep_embeddings(self, vectors: dict[str, np.ndarray]) -> None:
         """Keep fresh sentence embeddings (by cache key) that memory lacks, in memory and on disk."""
-        fresh = {key: vector for key, vector in vectors.items() if key not in self._memory}
-        self._memory.update(fresh)
+        with self._memory_lock:
+            fresh = {key: vector for key, vector in vectors.items() if key not in self._memory}
+            _keep_newest(self._memory, fresh, TEXTS_KEPT)
         if fresh and self._disk is not None:
             self._disk.put_many(fresh)
 
@@ -459,7 +470,7 @@ class StateEncoder:
         texts go through the model once.
         """
         keys = [self._key(t) for t in texts]
-        with self._tokens_lock:
+        with self._memory_lock:
             found = {k: self._token_memory[k] for k in keys if k in self._token_memory}
         missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in found}
         fresh: dict[str, np.ndarray] = {}
@@ -483,7 +494,7 @@ class StateEncoder:
                 self._disk.put_token_rows(rows)
             fresh.update(rows)
         if fresh:
-            with self._tokens_lock:
+            with self._memory_lock:
                 _keep_newest(self._token_memory, fresh, TOKEN_TEXTS_KEPT)
         found.update(fresh)
         return [found[k] for k in keys]
@@ -495,7 +506,7 @@ class StateEncoder:
         turn match the same request parts with mostly the same tools, and the product is most of
         what this costs. Only the texts of pairs not kept are matched again.
         """
-        with self._tokens_lock:
+        with self._memory_lock:
             values = [[self._matches.get((a, b)) for b in right] for a in left]
         new_left = [i for i, row in enumerate(values) if None in row]
         if new_left:
@@ -506,20 +517,20 @@ class StateEncoder:
                      for a, i in enumerate(new_left) for b, j in enumerate(new_right)}
             for i in new_left:
                 values[i] = [fresh.get((left[i], b), value) for b, value in zip(right, values[i], strict=True)]
-            with self._tokens_lock:
+            with self._memory_lock:
                 _keep_newest(self._matches, fresh, MATCHES_KEPT)
         return np.array(values, dtype=np.float64).reshape(len(left), len(right))
 
     def _token_codes(self, texts: Sequence[str]) -> list[TokenCodes]:
         """Return the texts' :func:`token_codes`, made once per text from :meth:`embed_tokens`."""
         keys = [self._key(text) for text in texts]
-        with self._tokens_lock:
+        with self._memory_lock:
             found = {key: self._codes[key] for key in keys if key in self._codes}
         missing = {key: text for key, text in zip(keys, texts, strict=True) if key not in found}
         if missing:
             codes = {key: token_codes(rows) for key, rows in zip(missing, self.embed_tokens(list(missing.values())),
                                                                   strict=True)}
-            with self._tokens_lock:
+            with self._memory_lock:
                 _keep_newest(self._codes, codes, TOKEN_TEXTS_KEPT)
             found.update(codes)
         return [found[key] for key in keys]
