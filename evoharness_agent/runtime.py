@@ -16,6 +16,7 @@ must stay light.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ __all__ = [
     "atomic_writer",
     "cache_dir",
     "pick_device",
+    "set_creation_mode",
 ]
 
 CACHE_ENV_VAR = "EVOHARNESS_CACHE_DIR"
@@ -55,6 +57,26 @@ def cache_dir() -> Path:
     return base / "evoharness-agent"
 
 
+def _umask() -> int:
+    """Return the process's umask, read from ``/proc`` where it can be (setting it to read it races other threads)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def set_creation_mode(path: str | Path) -> None:
+    """Give ``path`` the mode ``open()`` creates files with (0o666 less the umask).
+
+    Temporary files and safetensors' writer create theirs 0o600: a policy written so could not
+    be read by the server's own user, or from a shared folder.
+    """
+    os.chmod(path, 0o666 & ~_umask())
+
+
 @contextmanager
 def _replacing(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; when the block succeeds, fsync it and rename it over ``path``."""
@@ -64,6 +86,7 @@ def _replacing(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        set_creation_mode(tmp)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)

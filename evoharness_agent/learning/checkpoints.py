@@ -36,6 +36,7 @@ from safetensors.torch import load, load_file, save_file
 from evoharness_agent.encoding.state import STATE_LAYOUT_VERSION, state_dim
 from evoharness_agent.learning.algorithms import ALGORITHMS, Algorithm, Dims, ToolInputs, make_algorithm
 from evoharness_agent.learning.networks import NetworkConfig, ToolScorer
+from evoharness_agent.runtime import set_creation_mode
 
 __all__ = [
     "CHECKPOINT",
@@ -323,6 +324,7 @@ def save_policy(path: str | Path, algorithm: Algorithm, meta: Mapping[str, Any])
     staging = Path(tempfile.mkdtemp(dir=directory, prefix=_STAGING))
     try:
         save_file(tensors, str(staging / POLICY_WEIGHTS))
+        set_creation_mode(staging / POLICY_WEIGHTS)
         (staging / POLICY_META).write_bytes(
             json.dumps({**meta, "acting": list(algorithm.acting)}, indent=2).encode())
         _fsync_tree(staging)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -44,6 +45,16 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> 
     assert [p.name for p in target.parent.iterdir()] == ["policy.json"]
     atomic_write_with(target, lambda tmp: Path(tmp).write_bytes(b"new"))
     assert target.read_bytes() == b"new"
+
+
+def test_a_replaced_file_gets_the_mode_a_plain_write_gives(tmp_path: Path) -> None:
+    # tempfile makes its files 0o600; what replaces a file must stay as readable as open() would make it.
+    previous = os.umask(0o027)
+    try:
+        atomic_write_bytes(tmp_path / "train_log.json", b"{}")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "train_log.json").stat().st_mode & 0o777 == 0o640
 
 
 def _raise() -> None:

@@ -63,6 +63,17 @@ def test_saved_policy_loads(policy_dir: Path) -> None:
     assert sorted(os.listdir(policy_dir)) == ["policy.json", "policy.safetensors"]  # no staging left
 
 
+def test_a_saved_policy_is_readable_as_a_plain_write_leaves_it(tmp_path: Path) -> None:
+    # safetensors writes 0o600: a server running as another user, or a shared folder, could not read it.
+    previous = os.umask(0o022)
+    try:
+        save_policy(tmp_path / "p", _algorithm(), _meta())
+    finally:
+        os.umask(previous)
+    assert {name: (tmp_path / "p" / name).stat().st_mode & 0o777 for name in os.listdir(tmp_path / "p")} == {
+        "policy.json": 0o644, "policy.safetensors": 0o644}
+
+
 def test_a_loaded_policy_makes_no_optimiser_and_a_checkpoint_always_has_one(policy_dir: Path, tmp_path: Path) -> None:
     # Making a process's first optimiser costs ~2 s of imports: a policy that only acts needs none.
     algorithm, _ = load_policy(policy_dir, "cpu")
