@@ -120,29 +120,21 @@ def test_token_rows_cut_short_are_encoded_again_and_overwritten(encoder: StateEn
     assert third.n_encoded == 0 and third._model is None
 
 
-def test_token_vectors_kept_in_memory_are_bounded_and_read_back_from_disk(encoder: StateEncoder, tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    # A server meets new requests for ever: only the newest texts' token vectors stay in memory.
+def test_what_an_encoder_keeps_in_memory_is_bounded_and_read_back_from_disk(encoder: StateEncoder, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # A server meets new requests for ever: only the newest texts' vectors stay in memory.
     monkeypatch.setattr(embedder, "TOKEN_TEXTS_KEPT", 2)
+    monkeypatch.setattr(embedder, "TEXTS_KEPT", 2)
     fresh = _on_cache(encoder, tmp_path)
     texts = ["the weather in Paris", "in Fahrenheit", "email it to Ray"]
     first = fresh.embed_tokens(texts)
     match = fresh.match_tokens(texts[:1], texts[1:])
-    assert len(fresh._token_memory) == len(fresh._codes) == 2 and fresh.n_encoded == 3
+    assert len(fresh._token_memory) == len(fresh._codes) == len(fresh._memory) == 2 and fresh.n_encoded == 3
     again = fresh.embed_tokens(texts)  # the oldest one from the disk cache, not the model
     assert fresh.n_encoded == 3 and all((a == b).all() for a, b in zip(first, again, strict=True))
     fresh._matches.clear()
     np.testing.assert_array_equal(fresh.match_tokens(texts[:1], texts[1:]), match)
-
-
-def test_embeddings_kept_in_memory_are_bounded_and_read_back_from_disk(encoder: StateEncoder, tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    # The sentence embeddings too: a batch larger than the bound still comes back whole and in order.
-    monkeypatch.setattr(embedder, "TEXTS_KEPT", 2)
-    fresh = _on_cache(encoder, tmp_path)
-    texts = ["the weather in Paris", "in Fahrenheit", "email it to Ray"]
-    first = fresh.embed(texts)
-    assert len(fresh._memory) == 2 and fresh.n_encoded == 3
-    np.testing.assert_allclose(first, encoder.embed(texts), atol=1e-6)
-    again = fresh.embed(texts[::-1])  # the oldest one from the disk cache, not the model
-    assert fresh.n_encoded == 3 and again.tolist() == first[::-1].tolist() and len(fresh._memory) == 2
+    # A batch of embeddings larger than the bound still comes back whole and in order.
+    vectors = fresh.embed(texts[::-1])
+    assert fresh.n_encoded == 3 and len(fresh._memory) == 2
+    np.testing.assert_allclose(vectors, encoder.embed(texts[::-1]), atol=1e-6)
