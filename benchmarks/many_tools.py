@@ -58,7 +58,8 @@ def run(policy: ToolPolicy, n_candidates: int, limit: int, seed: int) -> dict[st
         others = [tool for tool in rng.sample(pool, n_candidates + 1) if tool.name != gold][: n_candidates - 1]
         candidates = [gold_spec, *others]
         rng.shuffle(candidates)
-        policy.encoder.embed([tool.text() for tool in candidates])  # an app embeds its tools once
+        # An app embeds its tools once: their token vectors, and in the same pass their embeddings.
+        policy.encoder.embed_tokens([tool.text() for tool in candidates])
         start = time.perf_counter()
         ranked = [s.tool for s in policy.rank(episode.task, [], candidates) if s.tool != FINISH]
         seconds["policy"].append(time.perf_counter() - start)

@@ -230,11 +230,14 @@ class ToolPolicy:
             return (by_name.get(name) or ToolSpec(name=name)).text()
 
         all_parts = [state_parts(task, history, self.history_window) for task, history in states]
-        # All new requests' clauses matched after a call in one encoder pass (their token vectors and
-        # embeddings), the others in a second (for a session observed with embed=False, the server's);
-        # tool_coverage finds them cached.
-        self.encoder.embed_tokens(matched_part_texts(parts.request for parts in all_parts))
-        self.encoder.embed(request_part_texts(parts.request for parts in all_parts))
+        # New requests in one encoder pass: the token vectors of their clauses matched after a call, and the
+        # embeddings of the tasks, the requests and all their clauses (for a session observed with
+        # embed=False, the server's); tool_coverage and the state's slots find them cached.
+        requests = [parts.request for parts in all_parts]
+        texts = request_part_texts(requests)
+        self.encoder.embed_tokens(matched_part_texts(requests),
+                                  embed_also=[*texts, *dict.fromkeys(parts.task for parts in all_parts), *requests])
+        self.encoder.embed(texts)
         rows, features, pairs = [], [], []
         for parts, allowed in zip(all_parts, available or [None] * len(states), strict=True):
             rows.append(state_rows(parts, tool_text, slots, self.history_window))
@@ -331,9 +334,11 @@ class PolicySession:
         encoder, so such a decision looks them up instead of paying the product.
         """
         encoder = self.policy.encoder
-        # Matching first: its pass gives the clauses' embeddings with their token vectors.
-        encoder.match_tokens(request_parts(request, after_call=True), self._tool_texts)
-        encoder.embed([request, *request_part_texts([request])])
+        texts, matched = [request, *request_part_texts([request])], request_parts(request, after_call=True)
+        # One encoder pass: the clauses' token vectors, and the embeddings of the request and its clauses.
+        encoder.embed_tokens(matched, embed_also=texts)
+        encoder.match_tokens(matched, self._tool_texts)
+        encoder.embed(texts)
 
     def observe(self, step: Step | Mapping[str, Any], *, embed: bool = True) -> None:
         """Record a step (tool call, reply or user message) and embed its text once.

@@ -457,7 +457,8 @@ class StateEncoder:
         if fresh and self._disk is not None:
             self._disk.put_many(fresh)
 
-    def embed_tokens(self, texts: Sequence[str], *, show_progress: bool = False) -> list[np.ndarray]:
+    def embed_tokens(self, texts: Sequence[str], *, show_progress: bool = False,
+                     embed_also: Sequence[str] = ()) -> list[np.ndarray]:
         """Return each text's content-token vectors, ``(tokens, dim)`` float16 unit rows (:func:`content_rows`).
 
         What token-level matching (MaxSim) reads: the last layer's vector of each content token,
@@ -467,7 +468,8 @@ class StateEncoder:
 
         The transformer pass that gives a text's token vectors gives its sentence embedding too,
         kept for :meth:`embed`: a caller that needs both asks for the token vectors first, and the
-        texts go through the model once.
+        texts go through the model once. ``embed_also`` are texts whose embeddings alone the caller
+        needs next (a request beside its clauses): when this call runs the model, they join its pass.
         """
         keys = [self._key(t) for t in texts]
         with self._memory_lock:
@@ -485,10 +487,14 @@ class StateEncoder:
             if _is_static(model):  # its sentence embeddings, counted by embed
                 encoded = [vector[None] for vector in self.embed(list(missing.values()))]
             else:
+                with self._memory_lock:
+                    also = {key: text for key, text in ((self._key(t), t) for t in embed_also)
+                            if key not in self._memory and key not in missing}
                 with self._model_lock:
-                    sentences, encoded = self._encode_tokens(list(missing.values()), show_progress)
-                self._n_encoded += len(encoded)
-                self._keep_embeddings(dict(zip(missing, sentences, strict=True)))
+                    sentences, encoded = self._encode_tokens([*missing.values(), *also.values()], show_progress)
+                encoded = encoded[: len(missing)]
+                self._n_encoded += len(sentences)
+                self._keep_embeddings(dict(zip([*missing, *also], sentences, strict=True)))
             rows = {k: vectors.astype(np.float16) for k, vectors in zip(missing, encoded, strict=True)}
             if self._disk is not None:
                 self._disk.put_token_rows(rows)

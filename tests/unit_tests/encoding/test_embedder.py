@@ -210,9 +210,11 @@ def test_one_transformer_pass_gives_a_texts_token_vectors_and_its_embedding(tmp_
     model = encoder._load()
     forwards = []
     model.register_forward_hook(lambda module, args, output: forwards.append(len(output["sentence_embedding"])))
-    rows = encoder.embed_tokens(texts)
+    request = "Email the forecast to Ray, in Fahrenheit"
+    rows = encoder.embed_tokens(texts, embed_also=[request, texts[0]])
     vectors = encoder.embed(texts)  # from the token vectors' pass: no second one
-    assert forwards == [2] and encoder.n_encoded == 2
+    assert encoder.embed([request]).shape == (1, 384)  # its embedding joined that pass
+    assert forwards == [3] and encoder.n_encoded == 3 and len(encoder._token_memory) == 2
     np.testing.assert_allclose(vectors, model.encode(texts, normalize_embeddings=True), atol=1e-6)
     # both are on disk: another encoder over the cache runs nothing
     again = StateEncoder(cache_dir=tmp_path, device="cpu")
