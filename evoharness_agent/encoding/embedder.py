@@ -41,6 +41,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "MATCHES_KEPT",
     "STATIC_STEP_MODEL",
+    "TEXTS_KEPT",
     "TOKEN_TEXTS_KEPT",
     "EmbeddingCache",
     "StateEncoder",
