@@ -107,6 +107,8 @@ PAIR_FEATURES = (
     "asked_by_verb",       # a clause of the request starts with its name's verb ("Book the cheapest flight": book)
     "available",           # it may be called now (the scorer compares a tool with the others available)
     "is_finish",           # it is FINISH, "answer now"
+    "added_not_called",    # it became available since the latest user message (``Step.tools_added``: BFCL's
+                           # "I have updated some more functions you can choose from") and was not called since
 )
 """Per (state, tool) features, in order."""
 N_PAIR_FEATURES = len(PAIR_FEATURES)
@@ -127,7 +129,8 @@ NAMED_IN_REQUEST = PAIR_FEATURES.index("named_in_request")
 SERVES_OPEN_PART = PAIR_FEATURES.index("serves_open_part")
 IS_LOOKUP = PAIR_FEATURES.index("is_lookup")
 ASKED_BY_VERB = PAIR_FEATURES.index("asked_by_verb")
-STATE_LAYOUT_VERSION = 9
+ADDED_NOT_CALLED = PAIR_FEATURES.index("added_not_called")
+STATE_LAYOUT_VERSION = 10
 """Stored in policy metadata: a policy trained on another layout must be retrained, not misread."""
 TOKEN_SHORTLIST = 3
 """Tools per request part that :func:`tool_coverage` matches token by token (the nearest by cosine)."""
@@ -304,6 +307,11 @@ class StateParts:
     """:attr:`known_text` without the call right before this decision, when that call worked."""
     worked: Counter[str] = field(default_factory=Counter)
     """How often each tool was called earlier in the episode and worked."""
+    added_not_called: set[str] = field(default_factory=set)
+    """Tools that became available since the latest user message (that message included), not called since.
+
+    Once called, such a tool is one more tool called in this turn: marked for the whole turn, it
+    kept its lead after failing, and the policy called it until the run was cut (online BFCL)."""
 
     def fixed_slot_texts(self, tool_text: Callable[[str], str]) -> list[str | None]:
         """Return the text of each of the :data:`FIXED_SLOTS` in order (``None`` for an empty one).
@@ -345,6 +353,8 @@ class StateParts:
             out[at.get(name, _NOWHERE), CALLED_BEFORE] = 1.0
         for name in self.failed_in_turn:
             out[at.get(name, _NOWHERE), FAILED_IN_TURN] = 1.0
+        for name in self.added_not_called:
+            out[at.get(name, _NOWHERE), ADDED_NOT_CALLED] = 1.0
         just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
         if just_called is not None:
             out[at.get(just_called, _NOWHERE), JUST_CALLED_FAILED if just_failed else JUST_CALLED_OK] = 1.0
@@ -637,15 +647,19 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     failed: set[str] = set()
     known = [task]
     said_by_user = [task]
+    added: set[str] = set()
     for step in prefix:
         if step.kind == "user":
             request, calls_since_request, counts, failed = step.content, 0, Counter(), set()
+            added = set(step.tools_added)
             known.append(step.content)
             said_by_user.append(step.content)
             continue
+        added.update(step.tools_added)
         history.append(step_text(step))
         if step.kind == "tool_call" and step.tool:
             calls_since_request += 1
+            added.discard(step.tool)
             last_error = float(step.error)
             previous_tool = step.tool
             before.add(step.tool)
@@ -662,7 +676,8 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     # The call just made added its arguments and observation last.
     known_before = "\n".join(known[:-2]).lower() if last_call is not None and not last_call[1] else None
     return StateParts(task, request, history[::-1][:history_window], features, previous_tool, before,
-                      counts, failed, last_call, "\n".join(known).lower(), gave_identifier, known_before, worked)
+                      counts, failed, last_call, "\n".join(known).lower(), gave_identifier, known_before, worked,
+                      added)
 
 
 def decisions(episode: Episode, history_window: int) -> list[Decision]:

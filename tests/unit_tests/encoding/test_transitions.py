@@ -102,6 +102,21 @@ def test_decisions_pair_features_track_calls_per_turn_and_episode() -> None:
     assert pairs[4][2] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.2]
 
 
+def test_a_tool_the_latest_user_message_added_is_marked_until_it_is_called() -> None:
+    added = PAIR_FEATURES.index("added_not_called")
+    specs = [SEARCH, READ, WRITE, finish_spec()]
+    columns = [p.pair_features(specs)[:, added].tolist() for p in decisions(multi_turn(), history_window=1)]
+    # write_file came with the second user message: marked at that turn's first decision, not before,
+    # and no longer once called (then it is a tool called in this turn like any other)
+    assert columns == [[0.0] * 4] * 3 + [[0.0, 0.0, 1.0, 0.0], [0.0] * 4]
+    failed = multi_turn()
+    failed.steps[4] = Step(tool="search", arguments={"q": "summary"}, error=True, observation="timeout")
+    assert decisions(failed, history_window=1)[-1].pair_features(specs)[:, added].tolist() == [0.0, 0.0, 1.0, 0.0]
+    later = multi_turn()
+    later.steps += [Step(kind="user", content="Thanks, search again"), Step(tool="search", arguments={"q": "x"})]
+    assert decisions(later, history_window=1)[-1].pair_features(specs)[:, added].tolist() == [0.0] * 4
+
+
 def test_pair_features_see_named_tools_and_missing_identifiers() -> None:
     lookup = ToolSpec(name="find_customer", description="Find a customer by e-mail.",
                       parameters={"type": "object", "properties": {"email": {"type": "string"}}, "required": ["email"]})
