@@ -159,7 +159,7 @@ def _is_corrupt(error: sqlite3.DatabaseError) -> bool:
 def _warn_damaged(path: Path, count: int) -> None:
     """Say that ``count`` cached vectors in ``path`` are damaged and will be encoded again."""
     warnings.warn(f"the embedding cache {path} has {count} damaged vector(s) (cut short or not unit "
-                  "length); encoding them again and overwriting them", RuntimeWarning, stacklevel=3)
+                  "length); encoding them again and overwriting them", RuntimeWarning, stacklevel=4)
 
 
 class EmbeddingCache:
@@ -428,16 +428,8 @@ class StateEncoder:
         with self._memory_lock:
             found = {k: self._memory[k] for k in keys if k in self._memory}
         missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in found}
-        if missing and self._disk is not None:
-            cached = self._disk.get_many(list(missing))
-            # Every vector written is unit length: any other (cut short by whole floats, NaN) is
-            # damaged, and is treated as a miss so that it is encoded again and written over.
-            whole = {k: v for k, v in cached.items() if abs(float(np.dot(v, v)) - 1.0) < 1e-3}
-            if len(whole) < len(cached):
-                _warn_damaged(self._disk.path, len(cached) - len(whole))
-            with self._memory_lock:
-                _keep_newest(self._memory, whole, TEXTS_KEPT)
-            found.update(whole)
+        if missing:
+            found.update(self._read_disk(list(missing)))
             missing = {k: t for k, t in missing.items() if k not in found}
         if missing:
             with self._model_lock:
@@ -449,6 +441,20 @@ class StateEncoder:
         if not keys:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.stack([found[k] for k in keys])
+
+    def _read_disk(self, keys: list[str]) -> dict[str, np.ndarray]:
+        """Return the whole embeddings the disk cache holds of ``keys`` (cache keys), kept in memory too."""
+        if self._disk is None or not keys:
+            return {}
+        cached = self._disk.get_many(keys)
+        # Every vector written is unit length: any other (cut short by whole floats, NaN) is
+        # damaged, and is treated as a miss so that it is encoded again and written over.
+        whole = {k: v for k, v in cached.items() if abs(float(np.dot(v, v)) - 1.0) < 1e-3}
+        if len(whole) < len(cached):
+            _warn_damaged(self._disk.path, len(cached) - len(whole))
+        with self._memory_lock:
+            _keep_newest(self._memory, whole, TEXTS_KEPT)
+        return whole
 
     def _keep_embeddings(self, vectors: dict[str, np.ndarray]) -> None:
         """Keep fresh sentence embeddings (by cache key) that memory lacks, in memory and on disk."""
@@ -491,6 +497,9 @@ class StateEncoder:
                 with self._memory_lock:
                     also = {key: text for key, text in ((self._key(t), t) for t in embed_also)
                             if key not in self._memory and key not in missing}
+                # Texts the disk cache holds are read, not encoded again in this pass.
+                on_disk = self._read_disk(list(also))
+                also = {key: text for key, text in also.items() if key not in on_disk}
                 with self._model_lock:
                     sentences, encoded = self._encode_tokens([*missing.values(), *also.values()], show_progress)
                 encoded = encoded[: len(missing)]

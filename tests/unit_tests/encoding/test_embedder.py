@@ -222,6 +222,15 @@ def test_one_transformer_pass_gives_a_texts_token_vectors_and_its_embedding(tmp_
     assert [r.tolist() for r in again.embed_tokens(texts)] == [r.tolist() for r in rows] and again.n_encoded == 0
 
 
+def test_embeddings_on_disk_do_not_join_a_token_pass(tmp_path: Path) -> None:
+    request = "Email the forecast to Ray, in Fahrenheit"
+    vector = StateEncoder(cache_dir=tmp_path, device="cpu").embed([request])
+    encoder = StateEncoder(cache_dir=tmp_path, device="cpu")  # its memory is empty; the disk holds the request
+    encoder.embed_tokens(["in Fahrenheit"], embed_also=[request])
+    assert encoder.n_encoded == 1  # the clause alone went through the model
+    assert encoder.embed([request]).tolist() == vector.tolist() and encoder.n_encoded == 1
+
+
 def test_match_tokens_is_the_late_interaction_of_the_texts_kept_for_the_next_ask(encoder: StateEncoder) -> None:
     parts, tools = ["the weather in Paris", "in Fahrenheit"], ["get_weather: current weather", "convert to Fahrenheit"]
     match = encoder.match_tokens(parts, tools)
