@@ -152,6 +152,10 @@ class TransitionDataset:
         entry = torch.repeat_interleave(starts, counts, output_size=total) + slot
         return owner, slot, entry, counts
 
+    def action_counts(self, index: torch.Tensor) -> torch.Tensor:
+        """Return how often the transitions at ``index`` log each tool-table row (row 0: FINISH)."""
+        return torch.bincount(self.tensors["actions"].index_select(0, index), minlength=len(self.tools.specs))
+
     def candidates(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Return each state's available tools: ``(B, K)`` table rows, their mask, their ``(B, K, F)`` pair features.
 

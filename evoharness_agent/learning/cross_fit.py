@@ -43,13 +43,14 @@ CROSS_FIT_DIR = "cross_fit"
 """The folder of a run's output directory that holds each finished fold's scored decisions."""
 
 
-def cross_fitted_decisions(new_algorithm: Callable[[], Algorithm], dataset: TransitionDataset,
+def cross_fitted_decisions(new_algorithm: Callable[[torch.Tensor], Algorithm], dataset: TransitionDataset,
                            train_index: torch.Tensor, folds: Sequence[torch.Tensor], training: TrainingSection,
                            out: Path, device: str, *, resume: bool, show_progress: bool) -> ScoredDecisions:
     """Return every training decision scored by the fold model that did not train on its task.
 
     Args:
-        new_algorithm: a fresh algorithm, initialised as the run's own was (from ``--init`` or not).
+        new_algorithm: a fresh algorithm to train on the given transitions, initialised as the run's own
+            was (from ``--init`` or not).
         dataset: the run's transitions.
         train_index: the run's training transitions.
         folds: the transitions of each fold (whole tasks; together, ``train_index``).
@@ -78,7 +79,7 @@ def cross_fitted_decisions(new_algorithm: Callable[[], Algorithm], dataset: Tran
             keep = train_index[~torch.isin(train_index, held_out)]
             # Its own seed for the initial weights and dropout: a resumed run trains fold k as a fresh one did.
             torch.manual_seed(training.seed + 1 + k)
-            algorithm = new_algorithm()
+            algorithm = new_algorithm(keep)
             generator = torch.Generator(device=device).manual_seed(training.seed + 1 + k)
             for _ in range(training.n_steps):
                 batch = dataset.sample(training.batch_size, generator, keep)

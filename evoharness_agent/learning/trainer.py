@@ -319,14 +319,15 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
 
     network = config.model.network()
     dims = Dims(dataset.state_dim, int(dataset.tools.embeddings.shape[1]), len(dataset.tools.specs))
-    tools = ToolInputs(dataset.tools.embeddings, torch.arange(len(dataset.tools.specs), device=device))
-    def new_algorithm() -> Algorithm:
+    def new_algorithm(index: torch.Tensor) -> Algorithm:  # trained on the transitions at index
+        tools = ToolInputs(dataset.tools.embeddings, torch.arange(len(dataset.tools.specs), device=device),
+                           dataset.action_counts(index))
         algorithm = make_algorithm(config.algorithm.name, config.algorithm.params, dims, network, tools).to(device)
         if config.training.compile:
             algorithm.compile_training()
         return algorithm
 
-    algorithm = new_algorithm()
+    algorithm = new_algorithm(train_index)
     meta = {
         "algorithm": config.algorithm.name, "params": config.algorithm.params,
         "network": asdict(network), "encoder": config.model.encoder, "step_encoder": config.model.step_encoder,
@@ -393,8 +394,8 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     if context.is_main:
         out_of_fold = None
         if fold_ids:
-            def new_fold() -> Algorithm:
-                fold = new_algorithm()
+            def new_fold(index: torch.Tensor) -> Algorithm:
+                fold = new_algorithm(index)
                 if init is not None:
                     initialise_from(fold, init, dataset.tools.names)
                 return fold

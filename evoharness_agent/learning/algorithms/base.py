@@ -57,6 +57,8 @@ class ToolInputs:
 
     embeddings: torch.Tensor
     ids: torch.Tensor | None
+    calls: torch.Tensor | None = None
+    """How many training decisions logged each tool-table row (row 0, FINISH: the answers); ``None`` at inference."""
 
 
 def adam(modules: list[nn.Module], lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
@@ -235,8 +237,9 @@ class AlgorithmBase:
         """Move every module (and the tool table) to ``device``."""
         for module in self.modules.values():
             module.to(device)
-        self.tools = ToolInputs(self.tools.embeddings.to(device),
-                                None if self.tools.ids is None else self.tools.ids.to(device))
+        ids, calls = self.tools.ids, self.tools.calls
+        self.tools = ToolInputs(self.tools.embeddings.to(device), None if ids is None else ids.to(device),
+                                None if calls is None else calls.to(device))
         return self
 
     def state_dict(self) -> dict[str, dict]:

@@ -4,6 +4,15 @@ The TD loss (double-DQN target from a Polyak-averaged target network) is regular
 ``alpha * (logsumexp_a Q(s, a) - Q(s, a_logged))``, both over available tools only: Q-values
 of tools the logs never chose at a state are pushed down, so the greedy policy stays where
 the data says something.
+
+That softmax also ranks tools by how often the logs call them: a tool a user's few logs never call
+is pushed down at every state that offers it, though their next task may need it. So the penalty's
+softmax sees each tool's Q-value plus ``prior_adjustment`` times its log share of the logged calls
+(logit adjustment, Menon et al., 2021): a tool is pushed down for losing to the logged one, not for
+being rare. The adjustment reranks tools only; the tools' softmax mass against FINISH is kept, so
+when to answer is learned as without it. Off by default: it helps where the logs call a minority of
+the tools they offer (BFCL), and costs where a few tools do most of the work in every task (tau2-bench
+retail); ``docs/experiments.md``, thirty-fourth stop.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from evoharness_agent.learning.algorithms.base import (
 )
 from evoharness_agent.learning.networks import NetworkConfig, masked_scores
 
-__all__ = ["CQL", "CQLConfig", "cql_penalty", "td_loss"]
+__all__ = ["CQL", "CQLConfig", "cql_penalty", "log_call_shares", "prior_adjustment", "td_loss"]
 
 
 @dataclass(frozen=True)
@@ -39,11 +48,43 @@ class CQLConfig:
     """Weight of the conservative penalty."""
     tau: float = 0.005
     """Polyak rate of the target network."""
+    prior_adjustment: float = 0.0
+    """Weight of each tool's log share of the logged calls in the penalty's softmax (0: plain CQL)."""
+    prior_pseudo_count: float = 1.0
+    """Calls added to every tool's count before its share is taken (a tool never called is not infinitely rare)."""
+
+    def __post_init__(self) -> None:
+        """Reject a negative adjustment and a pseudo-count that leaves a share at 0 (its log is -inf)."""
+        if self.prior_adjustment < 0 or self.prior_pseudo_count <= 0:
+            raise ValueError(f"cql needs prior_adjustment >= 0 and prior_pseudo_count > 0, got "
+                             f"{self.prior_adjustment} and {self.prior_pseudo_count}")
 
 
 def td_loss(q_taken: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Huber loss between Q(s, a) and its target (robust to the +10 success bonus)."""
     return F.smooth_l1_loss(q_taken, target)
+
+
+def log_call_shares(calls: torch.Tensor, pseudo_count: float) -> torch.Tensor:
+    """Return each tool-table row's log share of the logged tool calls (row 0, FINISH, is no call: share 0)."""
+    counts = calls.float() + pseudo_count
+    counts[0] = 0.0
+    return torch.log(counts / counts.sum())
+
+
+def prior_adjustment(q_all: torch.Tensor, tools: torch.Tensor, log_shares: torch.Tensor,
+                     weight: float) -> torch.Tensor:
+    """Return what logit adjustment adds to each Q-value: ``weight`` x each available tool's log share, 0 elsewhere.
+
+    Shifted per state so the available tools' softmax mass against FINISH stays as it was: on the
+    validation fine-tunes, letting the adjustment move it cost the live top-1 (BFCL 0.686 -> 0.636).
+    """
+    adjustment = torch.where(tools, weight * log_shares, 0.0)
+    with torch.no_grad():
+        q_tools = masked_scores(q_all.detach(), tools)
+        shift = (torch.logsumexp(q_tools + adjustment, dim=1, keepdim=True)
+                 - torch.logsumexp(q_tools, dim=1, keepdim=True))
+    return torch.where(tools, adjustment - shift, 0.0)
 
 
 def cql_penalty(q_all: torch.Tensor, q_taken: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -76,7 +117,13 @@ class CQL(AlgorithmBase):
                                        batch.next_masks, batch.rewards, batch.dones, cfg.gamma)
         q_taken = q_all.gather(1, batch.actions[:, None]).squeeze(1)
         loss_td = td_loss(q_taken, target)
-        penalty = cql_penalty(q_all, q_taken, batch.masks)
+        penalised = q_all
+        if cfg.prior_adjustment and self.tools.calls is not None:
+            rows = (batch.candidates if batch.candidates is not None
+                    else torch.arange(q_all.shape[1], device=q_all.device).expand_as(q_all))
+            shares = log_call_shares(self.tools.calls, cfg.prior_pseudo_count)[rows]
+            penalised = q_all + prior_adjustment(q_all, batch.masks & (rows != 0), shares, cfg.prior_adjustment)
+        penalty = cql_penalty(penalised, penalised.gather(1, batch.actions[:, None]).squeeze(1), batch.masks)
         self.step(loss_td + cfg.alpha * penalty)
         polyak(self.modules["q_target"], self.modules["q"], cfg.tau)
         return {"loss/td": loss_td.detach(), "loss/cql": penalty.detach(), "q/mean": q_taken.detach().mean()}

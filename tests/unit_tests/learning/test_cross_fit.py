@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from evoharness_agent.encoding.embedder import StateEncoder
+from evoharness_agent.learning import trainer
+from evoharness_agent.learning.algorithms import make_algorithm
 from evoharness_agent.learning.algorithms.base import ScoredDecisions
 from evoharness_agent.learning.calibration import FEW_DECISIONS, fit_temperature
 from evoharness_agent.learning.config import AUTO_FOLDS, load_config
@@ -162,3 +164,23 @@ def test_a_resumed_run_keeps_its_finished_folds(tmp_path: Path, encoder: StateEn
     # A fresh run (no resume) starts its folds afresh.
     train_on_episodes(EPISODES, _config(2), tmp_path, encoder=encoder, show_progress=False)
     assert kept.stat().st_mtime_ns != stamp
+
+
+def test_each_model_takes_its_calls_shares_from_the_transitions_it_trains_on(
+        tmp_path: Path, encoder: StateEncoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = []
+
+    def recording(name, params, dims, network, tools):  # noqa: ANN001, ANN202
+        made.append(tools.calls.clone())
+        return make_algorithm(name, params, dims, network, tools)
+
+    monkeypatch.setattr(trainer, "make_algorithm", recording)
+    result = train_on_episodes(EPISODES, _config(2), tmp_path, encoder=encoder, show_progress=False)
+    run, *folds = made
+    n_train = result["n_transitions"] - len(_val_decisions(ToolPolicy.load(tmp_path, encoder=encoder))[1])
+    assert len(folds) == 2 and int(run.sum()) == n_train
+    # A fold model counts the calls of the tasks it trains on, not those it scores for the temperature.
+    for k, calls in enumerate(folds):
+        held_out = torch.load(tmp_path / CROSS_FIT_DIR / f"fold_{k}.pt", weights_only=True)["actions"]
+        assert int(calls.sum()) == n_train - len(held_out)
+    assert torch.equal(folds[0] + folds[1], run)

@@ -13,7 +13,7 @@ from evoharness_agent.learning.algorithms import ALGORITHMS, BCQ, Dims, ToolInpu
 from evoharness_agent.learning.algorithms.base import greedy, polyak, td_target
 from evoharness_agent.learning.algorithms.bc import bc_loss
 from evoharness_agent.learning.algorithms.bcq import allowed_actions
-from evoharness_agent.learning.algorithms.cql import cql_penalty
+from evoharness_agent.learning.algorithms.cql import cql_penalty, log_call_shares, prior_adjustment
 from evoharness_agent.learning.algorithms.iql import advantage_weights, expectile_loss
 from evoharness_agent.learning.networks import (
     DENSE_TABLE_FACTOR,
@@ -208,6 +208,37 @@ def test_cql_penalty_hand_computed_and_ignores_masked_tools() -> None:
     assert q_grad.grad is not None and (q_grad.grad[~mask] == 0).all() and (q_grad.grad[mask] != 0).all()
 
 
+def test_log_call_shares_count_tool_calls_only_and_a_tool_never_called_is_not_infinitely_rare() -> None:
+    shares = log_call_shares(torch.tensor([50, 6, 0, 2]), pseudo_count=1.0)  # row 0: FINISH's 50 answers
+    assert shares[1:].exp().tolist() == pytest.approx([7 / 11, 1 / 11, 3 / 11])
+    assert shares[0].exp().item() == 0.0
+    with pytest.raises(ValueError, match="prior_pseudo_count > 0"):
+        make_algorithm("cql", {"prior_pseudo_count": 0.0}, Dims(STATE_DIM, TOOL_DIM, N_TOOLS), NET,
+                       ToolInputs(unit_rows(N_TOOLS, TOOL_DIM, 0), None))
+
+
+def test_prior_adjustment_reranks_tools_by_their_share_and_keeps_their_mass_against_finish() -> None:
+    q = torch.tensor([[0.5, 1.0, 1.0, 1.0, 9.0], [2.0, -1.0, 0.0, 3.0, 0.0]])
+    tools = torch.tensor([[False, True, True, True, False], [False, True, True, False, True]])  # column 0: FINISH
+    log_shares = torch.tensor([0.0, math.log(0.6), math.log(0.1), math.log(0.3), math.log(0.5)]).expand(2, -1)
+    adjusted = q + prior_adjustment(q, tools, log_shares, weight=1.0)
+    allowed = tools | (torch.arange(5) == 0)
+    before, after = masked_log_softmax(q, allowed).exp(), masked_log_softmax(adjusted, allowed).exp()
+    assert after[:, 0] == pytest.approx(before[:, 0])  # when to answer: as without the adjustment
+    assert adjusted[~tools].tolist() == q[~tools].tolist()
+    # Equal Q-values: the penalty's softmax splits the tools' mass by their shares of the calls.
+    assert (after[0, 1:4] / after[0, 1:4].sum()).tolist() == pytest.approx([0.6, 0.1, 0.3])
+    # So the penalty pushes a rare tool down less, a frequent one more: a gradient is its softmax weight
+    # (over the batch's 2 rows).
+    q_grad = q.clone().requires_grad_(True)
+    shifted = q_grad + prior_adjustment(q_grad, tools, log_shares, weight=1.0)
+    cql_penalty(shifted, shifted[:, 0], allowed).backward()
+    assert q_grad.grad is not None and 2 * q_grad.grad[0, 2] < before[0, 2] < 2 * q_grad.grad[0, 1]
+    assert prior_adjustment(q, tools, torch.zeros(2, 5), weight=1.0).abs().max() == 0  # equal shares: plain CQL
+    no_tools = torch.zeros_like(tools)
+    assert prior_adjustment(q, no_tools, log_shares, weight=1.0).tolist() == [[0.0] * 5] * 2
+
+
 def test_expectile_loss_hand_computed() -> None:
     diff = torch.tensor([-2.0, 1.0, 3.0, 0.0])
     assert expectile_loss(diff, 0.7).item() == pytest.approx((0.3 * 4 + 0.7 * 1 + 0.7 * 9 + 0.0) / 4)
@@ -321,6 +352,25 @@ def test_update_reduces_loss_and_never_favours_masked_tools(name: str) -> None:
     if name in ("bc", "iql"):  # policies learn to imitate the (learnable) logged choice
         assert untrained < 0.5
         assert (best == batch.actions).float().mean() > 0.9
+
+
+def test_cql_with_prior_adjustment_pushes_a_tool_the_logs_never_call_down_less() -> None:
+    batch = fixed_batch()
+    batch.actions = torch.arange(32) % 3  # FINISH and tools 1-2; tool 3 is offered at most states, never called
+    batch.masks[torch.arange(32), batch.actions] = True
+    calls = torch.bincount(batch.actions, minlength=N_TOOLS)
+    gaps = []
+    for weight in (0.0, 1.0):
+        torch.manual_seed(0)
+        tools = ToolInputs(unit_rows(N_TOOLS, TOOL_DIM, 11), torch.arange(N_TOOLS), calls)
+        algorithm = make_algorithm("cql", {"lr": 3e-3, "prior_adjustment": weight}, Dims(STATE_DIM, TOOL_DIM, N_TOOLS),
+                                   NET, tools)
+        for _ in range(60):
+            algorithm.update(batch)
+        with torch.no_grad():
+            q = algorithm.scores(batch.states)
+        gaps.append(float((q[:, 3] - q[:, 1:3].mean(1)).mean()))
+    assert gaps[1] > gaps[0] + 0.1, gaps
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
