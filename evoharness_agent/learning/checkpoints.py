@@ -100,6 +100,7 @@ class _NetworkMeta(BaseModel):
     tool_bias: bool = NetworkConfig.tool_bias
     dropout: float = Field(default=NetworkConfig.dropout, ge=0.0, lt=1.0)
     similarity_scale: float = Field(default=NetworkConfig.similarity_scale, ge=-1e4, le=1e4)
+    pair_hidden: int = Field(default=NetworkConfig.pair_hidden, ge=0, le=4096)
     prerequisite_penalty: float = Field(default=NetworkConfig.prerequisite_penalty, ge=0.0, le=1e4)
     prerequisite_finish_penalty: float = Field(default=NetworkConfig.prerequisite_finish_penalty, ge=0.0, le=1e4)
     open_part_finish_penalty: float = Field(default=NetworkConfig.open_part_finish_penalty, ge=0.0, le=1e4)

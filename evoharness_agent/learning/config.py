@@ -115,6 +115,7 @@ class ModelSection(_Section):
     tool_bias: bool = NetworkConfig.tool_bias
     dropout: float = Field(default=NetworkConfig.dropout, ge=0.0, lt=1.0)
     similarity_scale: float = NetworkConfig.similarity_scale
+    pair_hidden: int = Field(default=NetworkConfig.pair_hidden, ge=0)
     prerequisite_penalty: float = Field(default=NetworkConfig.prerequisite_penalty, ge=0.0)
     prerequisite_finish_penalty: float = Field(default=NetworkConfig.prerequisite_finish_penalty, ge=0.0)
     open_part_finish_penalty: float = Field(default=NetworkConfig.open_part_finish_penalty, ge=0.0)

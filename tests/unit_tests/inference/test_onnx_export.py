@@ -57,7 +57,8 @@ def tiny_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def tiny_policy(root: Path, encoder_dir: Path, algorithm: str, step_encoder: Path | None = None) -> Path:
     """Write a policy directory whose weights are all random (so every score term matters)."""
-    meta = {"algorithm": algorithm, "params": {}, "network": {"hidden": 8, "layers": 1, "tool_bias": True},
+    network = {"hidden": 8, "layers": 1, "tool_bias": True, "pair_hidden": 4}
+    meta = {"algorithm": algorithm, "params": {}, "network": network,
             "encoder": str(encoder_dir), "max_seq_length": 48, "history_window": 2,
             "step_encoder": str(step_encoder) if step_encoder is not None else None,
             "state_layout": STATE_LAYOUT_VERSION, "state_dim": state_dim(WIDTH, 2), "tool_dim": WIDTH,

@@ -638,11 +638,12 @@ def test_a_tool_just_retried_is_not_called_again() -> None:
     assert torch.allclose(put_off, expected, atol=1e-5)
 
 
-def test_per_state_candidates_score_like_the_shared_tool_table() -> None:
+@pytest.mark.parametrize("pair_hidden", [0, 5])
+def test_per_state_candidates_score_like_the_shared_tool_table(pair_hidden: int) -> None:
     torch.manual_seed(0)
     d, n = 8, 6
     scorer = ToolScorer(state_dim=3 * d + 2, tool_dim=d, n_known_tools=n,
-                        config=NetworkConfig(hidden=4, dropout=0.0)).eval()
+                        config=NetworkConfig(hidden=4, dropout=0.0, pair_hidden=pair_hidden)).eval()
     with torch.no_grad():
         for parameter in scorer.parameters():
             parameter.normal_()
@@ -704,3 +705,57 @@ def test_acting_with_a_tower_rank_weight_narrows_the_towers_part_in_ranking_tool
     assert torch.allclose(own, acted.gather(1, order), atol=1e-4)
     # weight 1 is the identity
     assert torch.equal(tower_ranking_narrowed(trained, tower, pairs, 1.0), trained)
+
+
+def test_a_new_pair_head_adds_nothing_until_trained() -> None:
+    torch.manual_seed(0)
+    d, n = 8, 6
+    scorer = ToolScorer(state_dim=3 * d + 2, tool_dim=d, n_known_tools=n,
+                        config=NetworkConfig(hidden=4, dropout=0.0, pair_hidden=5)).eval()
+    assert scorer.pair_head is not None
+    states, pairs = torch.randn(3, 3 * d + 2), torch.rand(3, n, N_PAIR_FEATURES)
+    tools, ids = torch.nn.functional.normalize(torch.randn(n, d), dim=1), torch.arange(n)
+    with_head = scorer(states, tools, ids, pairs)
+    head, scorer.pair_head = scorer.pair_head, None
+    torch.testing.assert_close(with_head, scorer(states, tools, ids, pairs))
+    with torch.no_grad():
+        head[-1].weight.normal_()
+    scorer.pair_head = head
+    assert not torch.allclose(with_head, scorer(states, tools, ids, pairs), atol=1e-3)
+
+
+@pytest.mark.parametrize("pair_hidden", [0, 16])
+def test_the_pair_head_learns_how_one_pair_feature_depends_on_another(pair_hidden: int) -> None:
+    # Two tools whose texts and states say nothing; the logged one is the tool whose two features
+    # differ (XOR): (0, 1) beats (1, 1), (1, 0) beats (0, 0). A linear score w1·f1 + w2·f2 needs w1 < 0
+    # for the first kind and w1 > 0 for the second, so it gets at most one kind right.
+    torch.manual_seed(0)
+    d, batch = 8, 64
+    scorer = ToolScorer(state_dim=3 * d + 2, tool_dim=d, n_known_tools=2,
+                        config=NetworkConfig(hidden=4, dropout=0.0, tool_bias=False, pair_hidden=pair_hidden))
+    tools = torch.nn.functional.normalize(torch.ones(2, d), dim=1)
+    first_kind = torch.rand(batch) < 0.5
+    logged = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    other = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    slot = torch.randint(0, 2, (batch,))  # which of the two tools the logged one is
+    kind = first_kind[:, None]
+    features = torch.where(kind, logged[0], logged[1]), torch.where(kind, other[0], other[1])
+    pairs = torch.zeros(batch, 2, N_PAIR_FEATURES)
+    columns = [PAIR_FEATURES.index("named_in_request"), PAIR_FEATURES.index("is_lookup")]
+    rows = torch.arange(batch)
+    pairs[rows, slot, columns[0]], pairs[rows, slot, columns[1]] = features[0][:, 0], features[0][:, 1]
+    pairs[rows, 1 - slot, columns[0]], pairs[rows, 1 - slot, columns[1]] = features[1][:, 0], features[1][:, 1]
+    pairs[..., PAIR_FEATURES.index("available")] = 1.0
+    states, mask = torch.zeros(batch, 3 * d + 2), torch.ones(batch, 2, dtype=torch.bool)
+    optimiser = torch.optim.Adam(scorer.parameters(), lr=1e-2)
+    for _ in range(300):
+        loss = bc_loss(scorer(states, tools, None, pairs), slot, mask)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    with torch.no_grad():
+        accuracy = (scorer(states, tools, None, pairs).argmax(1) == slot).float().mean().item()
+    if pair_hidden:
+        assert accuracy == 1.0
+    else:
+        assert accuracy < 0.8

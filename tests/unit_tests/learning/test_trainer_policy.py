@@ -232,6 +232,21 @@ def test_save_load_roundtrip_and_bad_directory(policy: ToolPolicy, encoder: Stat
         ToolPolicy.load(tmp_path, encoder=encoder)
 
 
+def test_a_policy_with_a_pair_head_trains_saves_and_loads_it(tmp_path: Path, encoder: StateEncoder) -> None:
+    out = tmp_path / "pair_head"
+    train_on_episodes(synthetic_episodes(), make_config(steps=20, algorithm="cql", model={"pair_hidden": 8}), out,
+                      encoder=encoder, show_progress=False)
+    assert json.loads((out / "policy.json").read_text())["network"]["pair_hidden"] == 8
+    head = weights(out)["q.pair_head.2.weight"]
+    assert head.shape == (1, 8) and head.abs().sum() > 0  # trained away from its zero start
+    loaded = ToolPolicy.load(out, encoder=encoder, device="cpu")
+    copy = tmp_path / "copy"
+    loaded.save(copy)
+    torch.testing.assert_close(weights(copy)["q.pair_head.2.weight"], head)
+    tools = synthetic_episodes()[0].tools
+    assert {score.tool for score in loaded.rank("Read notes3.txt", (), tools)} == {FINISH, *TOOL_NAMES}
+
+
 # --------------------------------------------------------------------------- resume and --init
 
 
