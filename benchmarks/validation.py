@@ -7,12 +7,18 @@ A setting (``--set section.key=value`` over ``scripts/default_policy.yaml``, as 
   every other domain (``transfer.run``), scored on the left-out domain's logged tool calls
   (top-1, FINISH accuracy) and on its live decisions (FINISH among the candidates: top-1, ECE,
   coverage at 95% accuracy), beside embedding similarity;
+* a multi-turn domain left out: a policy trained without the retail group (tau-bench retail and
+  its sibling tau2-bench retail), scored on tau2-bench retail's training tasks
+  (``fine_tune.splits``; their held-out tasks are never read). The two validation domains above
+  are single requests, and every other multi-turn domain is reported left out or shares its
+  tools with one that is; scoring the retail group's policy on tau-bench retail would be the
+  reported ``tau_retail`` figure;
 * a policy trained on the default's own training data (:func:`default_training_split`), scored
   on the validation zero-shot suite (:data:`VALIDATION_TASKS`: invented toolsets that no data set
   and no reported figure has) and on the live decisions of its validation split (the episodes
   ``training.seed`` and ``data.val_fraction`` hold out), per domain.
 
-The README's validation table reads these figures. Each run trains three policies (about 12
+The README's validation table reads these figures. Each run trains four policies (about 15
 minutes on 2 CPU cores); the temperature is the validation split's (``calibration_folds`` 0),
 as in ``benchmarks/transfer.py``.
 
@@ -34,7 +40,8 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # transfer.py, beside this script
 
-from transfer import VALIDATION, add_recipe_arguments, config_for, run  # noqa: E402
+from fine_tune import splits  # noqa: E402
+from transfer import VALIDATION, add_recipe_arguments, config_for, run, training_domains  # noqa: E402
 
 from evoharness_agent.encoding.embedder import StateEncoder  # noqa: E402
 from evoharness_agent.evaluation.offline import evaluate_offline  # noqa: E402
@@ -47,6 +54,19 @@ from evoharness_agent.policy import ToolPolicy  # noqa: E402
 from evoharness_agent.schema import Episode  # noqa: E402
 
 console = Console()
+
+
+MULTI_TURN = "tau2_retail"
+"""The multi-turn validation domain: its training tasks, scored by a policy without its group."""
+
+
+def measure_multi_turn(episodes: dict[str, list[Episode]], config: TrainConfig, out: Path,
+                       encoder: StateEncoder) -> dict[str, Any]:
+    """Train without the retail group; return the offline report on tau2-bench retail's training tasks."""
+    train = [episode for domain in training_domains(MULTI_TURN) for episode in episodes[domain]]
+    train_on_episodes(train, config, out / f"{MULTI_TURN}_multi_turn", encoder=encoder, show_progress=True)
+    policy = ToolPolicy.load(out / f"{MULTI_TURN}_multi_turn", encoder=encoder)
+    return evaluate_offline(policy, splits(MULTI_TURN)[0], train, encoder=encoder).to_json()
 
 
 def measure_default_recipe(episodes: dict[str, list[Episode]], config: TrainConfig, out: Path,
@@ -74,7 +94,7 @@ def measure_default_recipe(episodes: dict[str, list[Episode]], config: TrainConf
 
 
 def print_figures(results: dict[str, Any]) -> None:
-    """Print the left-out domains' row and the default recipe's row."""
+    """Print the left-out domains' row, the multi-turn domain's line and the default recipe's row."""
     table = Table(title="validation domains left out")
     for column in ("left out", "top-1", "FINISH acc", "live top-1", "ECE", "coverage at 95%", "similarity"):
         table.add_column(column, justify="right")
@@ -85,6 +105,12 @@ def print_figures(results: dict[str, Any]) -> None:
                       f"{r['calibration']['coverage_at_95']:.3f}",
                       f"{r['metrics']['embedding_similarity']['top1']:.3f}")
     console.print(table)
+    multi = results["multi_turn"]
+    console.print(f"multi-turn, {MULTI_TURN}'s training tasks without the retail group: top-1 "
+                  f"{multi['metrics']['policy']['top1']:.3f}, top-3 {multi['metrics']['policy']['top3']:.3f}, "
+                  f"FINISH acc {multi['finish_accuracy']:.3f}, live top-1 {multi['calibration']['accuracy']:.3f} "
+                  f"of {multi['calibration']['n_decisions']} decisions, similarity "
+                  f"{multi['metrics']['embedding_similarity']['top1']:.3f}")
     suite, split = results["default_recipe"]["suite"], results["default_recipe"]["split"]
     right = round(suite["step_accuracy"] * suite["n_decisions"])
     exact = round(suite["task_exact"] * suite["n_tasks"])
@@ -105,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     episodes = all_domain_episodes()
     encoder = config.model.state_encoder()
     results: dict[str, Any] = {domain: run(domain, episodes, config, args.out, encoder) for domain in VALIDATION}
+    results["multi_turn"] = measure_multi_turn(episodes, config, args.out, encoder)
     results["default_recipe"] = measure_default_recipe(episodes, config, args.out, encoder)
     print_figures(results)
     if args.json:
