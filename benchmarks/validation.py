@@ -9,10 +9,11 @@ A setting (``--set section.key=value`` over ``scripts/default_policy.yaml``, as 
   coverage at 95% accuracy), beside embedding similarity;
 * a multi-turn domain left out: a policy trained without the retail group (tau-bench retail and
   its sibling tau2-bench retail), scored on tau2-bench retail's training tasks
-  (``fine_tune.splits``; their held-out tasks are never read). The two validation domains above
-  are single requests, and every other multi-turn domain is reported left out or shares its
-  tools with one that is; scoring the retail group's policy on tau-bench retail would be the
-  reported ``tau_retail`` figure;
+  (:func:`tau2_retail_split`'s training part, as ``benchmarks/fine_tune.py`` splits them; the
+  held-out tasks are never read). The two validation domains above are single requests, and
+  every other multi-turn domain is reported left out or shares its tools with one that is;
+  scoring the retail group's policy on tau-bench retail would be the reported ``tau_retail``
+  figure;
 * a policy trained on the default's own training data (:func:`default_training_split`), scored
   on the validation zero-shot suite (:data:`VALIDATION_TASKS`: invented toolsets that no data set
   and no reported figure has) and on the live decisions of its validation split (the episodes
@@ -40,7 +41,6 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # transfer.py, beside this script
 
-from fine_tune import splits  # noqa: E402
 from transfer import VALIDATION, add_recipe_arguments, config_for, run, training_domains  # noqa: E402
 
 from evoharness_agent.encoding.embedder import StateEncoder  # noqa: E402
@@ -49,7 +49,7 @@ from evoharness_agent.evaluation.zero_shot import evaluate_zero_shot  # noqa: E4
 from evoharness_agent.evaluation.zero_shot_validation import VALIDATION_TASKS  # noqa: E402
 from evoharness_agent.learning.config import TrainConfig  # noqa: E402
 from evoharness_agent.learning.trainer import train_on_episodes, validation_episodes  # noqa: E402
-from evoharness_agent.logs.bundled import all_domain_episodes, default_training_split  # noqa: E402
+from evoharness_agent.logs.bundled import all_domain_episodes, default_training_split, tau2_retail_split  # noqa: E402
 from evoharness_agent.policy import ToolPolicy  # noqa: E402
 from evoharness_agent.schema import Episode  # noqa: E402
 
@@ -66,7 +66,8 @@ def measure_multi_turn(episodes: dict[str, list[Episode]], config: TrainConfig, 
     train = [episode for domain in training_domains(MULTI_TURN) for episode in episodes[domain]]
     train_on_episodes(train, config, out / f"{MULTI_TURN}_multi_turn", encoder=encoder, show_progress=True)
     policy = ToolPolicy.load(out / f"{MULTI_TURN}_multi_turn", encoder=encoder)
-    return evaluate_offline(policy, splits(MULTI_TURN)[0], train, encoder=encoder).to_json()
+    tasks, _ = tau2_retail_split(episodes[MULTI_TURN])  # the held-out part is never scored
+    return evaluate_offline(policy, tasks, train, encoder=encoder).to_json()
 
 
 def measure_default_recipe(episodes: dict[str, list[Episode]], config: TrainConfig, out: Path,
