@@ -558,15 +558,18 @@ class StateEncoder:
         model = self._load()
         outputs = model.encode(texts, output_value=None, batch_size=self.batch_size,
                                show_progress_bar=show_progress and len(texts) > self.batch_size)
-        encodings = model.tokenizer(texts, truncation=True, max_length=model.max_seq_length,
-                                    return_special_tokens_mask=True)
         # normalised as embed's pass normalises them (normalize_embeddings=True), so the two give one vector
         sentences = torch.nn.functional.normalize(torch.stack([out["sentence_embedding"] for out in outputs]), dim=1)
+        # The tokens the tokenizer adds ([CLS], [SEP]); not [UNK], which stands for a piece of the text.
+        added = set(model.tokenizer.all_special_ids) - {model.tokenizer.unk_token_id}
         rows_out = []
-        for out, ids, special in zip(outputs, encodings["input_ids"], encodings["special_tokens_mask"], strict=True):
+        for out in outputs:
+            own = out["attention_mask"].bool()  # the text's own tokens, no padding
+            ids = out["input_ids"][own].tolist()  # as encode tokenised them: no second tokenizer pass
+            special = [int(i in added) for i in ids]
             rows = content_rows(model.tokenizer.convert_ids_to_tokens(ids), special)
-            vectors = out["token_embeddings"][out["attention_mask"].bool()]  # the text's own tokens, no padding
-            rows_out.append(torch.nn.functional.normalize(vectors[rows].float(), dim=-1).cpu().numpy())
+            vectors = out["token_embeddings"][own][rows].float()
+            rows_out.append(torch.nn.functional.normalize(vectors, dim=-1).cpu().numpy())
         return sentences.float().cpu().numpy(), rows_out
 
     def embed_steps(self, texts: Sequence[str], *, show_progress: bool = False, processes: int = 1,
