@@ -202,6 +202,9 @@ def test_token_vectors_are_unit_rows_of_the_content_tokens(encoder: StateEncoder
     np.testing.assert_allclose(np.linalg.norm(weather.astype(np.float32), axis=1), 1.0, atol=2e-3)
     assert empty.shape == (2, 384)  # [CLS] and [SEP]
     assert encoder.embed_tokens(["What is the weather in Paris?"])[0] is weather  # kept in memory
+    # [UNK] stands for a piece of the text: an emoji alone keeps it, not the [CLS] and [SEP] around it
+    unknown, with_word = encoder.embed_tokens(["\N{GRINNING FACE}", "lamp \N{GRINNING FACE}"])
+    assert unknown.shape == (1, 384) and with_word.shape == (1, 384)
 
 
 def test_one_transformer_pass_gives_a_texts_token_vectors_and_its_embedding(tmp_path: Path) -> None:
