@@ -538,8 +538,15 @@ def _subject_words(argument: str) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=65536)
 def _tool_words(name: str, description: str) -> frozenset[str]:
-    """Return the lower-case words of a tool's name and description, with their 5-letter stems."""
-    words = {w.lower() for w in _NAME_PARTS.findall(name)} | set(_WORD.findall(description.lower()))
+    """Return the lower-case words of a tool's name, and of its description for a lookup, with their 5-letter stems.
+
+    These say which identifiers a tool can give (:func:`_providers`, :func:`_givers`). A tool that
+    changes something gives none its description merely mentions: ``cancel_pending_order`` says
+    the payment is refunded "via the original payment method", and gives no ``payment_method_id``.
+    """
+    words = {w.lower() for w in _NAME_PARTS.findall(name)}
+    if _name_verb(name) in LOOKUP_VERBS:
+        words |= set(_WORD.findall(description.lower()))
     return frozenset(words | {w[:5] for w in words if len(w) >= 5})
 
 
@@ -604,10 +611,10 @@ def _tool_set(tools: tuple[tuple[str, str, tuple[str, ...]], ...]) -> _ToolSet:
 def _providers(tool_set: _ToolSet, wanted: Mapping[tuple[str, ...], _Needers]) -> set[int]:
     """Return the positions of the tools named for an identifier another open tool needs, that do not need it.
 
-    ``tool_set`` is the tools' :class:`_ToolSet`; ``wanted`` maps the
-    subjects of open tools' missing identifiers (:func:`_subject_words`) to the tools that need
-    them. A tool whose name or description speaks of that subject (``find_customer`` for
-    ``customer_id``), and that does not itself require the argument, is likely where it comes
+    ``tool_set`` is the tools' :class:`_ToolSet`; ``wanted`` maps the subjects of open tools'
+    missing identifiers (:func:`_subject_words`) to the tools that need them. A tool whose name,
+    or a lookup's description, speaks of that subject (``find_customer`` for ``customer_id``;
+    :func:`_tool_words`), and that does not itself require the argument, is likely where it comes
     from. Each subject looks up the tools that have all its words (or their stems), so hundreds
     of tools needing identifiers cost a few set intersections, not tools x subjects checks.
     """

@@ -355,6 +355,27 @@ def test_the_prerequisite_is_found_among_many_kinds_of_identifier() -> None:
     assert all(row[provides] == 0.0 for row in rows[3:])  # each needs its own identifier
 
 
+def test_a_tool_that_changes_something_gives_no_identifier_its_description_only_mentions() -> None:
+    ids = {"order_id": {"type": "string"}, "payment_method_id": {"type": "string"}}
+    refund = ToolSpec(name="return_order_items", description="Return items of an order, refunded to a payment method.",
+                      parameters={"type": "object", "properties": ids, "required": list(ids)})
+    cancel = ToolSpec(name="cancel_order", description="Cancel an order; the payment method gets a refund.",
+                      parameters={"type": "object", "properties": {"order_id": {"type": "string"}},
+                                  "required": ["order_id"]})
+    profile = ToolSpec(name="get_user_details", description="A user's details: orders and payment methods.")
+    created = ToolSpec(name="add_payment_method", description="Add a card to the user's wallet.")
+    provides = PAIR_FEATURES.index("provides_missing")
+    missing = PAIR_FEATURES.index("missing_ids")
+    tools = [refund, cancel, profile, created]
+    rows = state_parts("Return the lamp I ordered last week", [], 2).pair_features(tools)
+    # cancel_order changes something: its description's "payment method" gives no id; the lookup's
+    # description and the name of the tool that adds one do.
+    assert [row[provides] for row in rows] == [0.0, 0.0, 1.0, 1.0]
+    # Nor does a call of it that worked give one: the refund still needs its payment method.
+    cancelled = Step(tool="cancel_order", arguments={"order_id": "W1"}, observation="cancelled")
+    assert state_parts("Cancel my order and return the lamp", [cancelled], 2).pair_features(tools)[0][missing] == 0.5
+
+
 def test_decisions_default_availability_is_all_tools() -> None:
     episode = multi_turn().model_copy(update={"available_at_start": None})
     assert all(p.available == {"search", "read_file", "write_file", FINISH}
