@@ -435,6 +435,11 @@ def _name_verb(name: str) -> str:
     return words[0].lower() if words else ""
 
 
+def _is_lookup(name: str) -> bool:
+    """Return whether a tool's name starts with a verb of :data:`LOOKUP_VERBS` (it changes nothing)."""
+    return _name_verb(name) in LOOKUP_VERBS
+
+
 @functools.lru_cache(maxsize=256)
 def _clause_verbs(request: str) -> frozenset[str]:
     """Return the first five letters of the word each clause of a (lower-cased) request starts with, lead-ins skipped.
@@ -545,7 +550,7 @@ def _tool_words(name: str, description: str) -> frozenset[str]:
     the payment is refunded "via the original payment method", and gives no ``payment_method_id``.
     """
     words = {w.lower() for w in _NAME_PARTS.findall(name)}
-    if _name_verb(name) in LOOKUP_VERBS:
+    if _is_lookup(name):
         words |= set(_WORD.findall(description.lower()))
     return frozenset(words | {w[:5] for w in words if len(w) >= 5})
 
@@ -603,7 +608,7 @@ def _tool_set(tools: tuple[tuple[str, str, tuple[str, ...]], ...]) -> _ToolSet:
     return _ToolSet(names, ids, [position for position, own in enumerate(ids) if own],
                     {name: np.array(where, dtype=np.intp) for name, where in positions.items()},
                     {word: frozenset(where) for word, where in index.items()},
-                    np.array([_name_verb(name) in LOOKUP_VERBS for name in names], dtype=np.float64),
+                    np.array([_is_lookup(name) for name in names], dtype=np.float64),
                     np.array([name == FINISH for name in names]),
                     ["" if name == FINISH else _name_verb(name)[:5] for name in names], {})
 
