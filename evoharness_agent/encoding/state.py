@@ -18,10 +18,12 @@ the request names it or a clause of the request starts with its verb ("Book the 
 flight": ``book``), whether it only looks things up (``get_``, ``search_``), whether its
 required identifiers are still unknown, whether it is the tool that would give an identifier
 another tool still needs (a prerequisite: ``find_customer`` before ``list_orders(customer_id)``;
-the parameter schemas say so), and how well it serves a part of the request that no tool called
-in this turn serves yet (:func:`part_coverage`: "the weather in Paris, in Fahrenheit" still
-needs a conversion after ``get_weather``). They describe a tool by its relation to the state,
-never by its identity, so they carry over to tools never seen.
+the parameter schemas say so), whether it is a lookup a result in this turn listed records for that
+it has not read (``get_order_details`` while the profile lists orders it was not called with), and
+how well it serves a part of the request that no tool called in this turn serves yet
+(:func:`part_coverage`: "the weather in Paris, in Fahrenheit" still needs a conversion after
+``get_weather``). They describe a tool by its relation to the state, never by its identity, so they
+carry over to tools never seen.
 
 Training (:func:`evoharness_agent.encoding.transitions.build_dataset`) and serving
 (:class:`evoharness_agent.policy.ToolPolicy`) both call :func:`state_parts`, :func:`state_rows`
@@ -109,6 +111,8 @@ PAIR_FEATURES = (
     "is_finish",           # it is FINISH, "answer now"
     "added_not_called",    # it became available since the latest user message (``Step.tools_added``: BFCL's
                            # "I have updated some more functions you can choose from") and was not called since
+    "reads_listed",        # a lookup, and a result in this turn listed a value of its identifier it was not called
+                           # with (``get_order_details`` while the user's profile lists orders it has not read)
 )
 """Per (state, tool) features, in order."""
 N_PAIR_FEATURES = len(PAIR_FEATURES)
@@ -130,7 +134,8 @@ SERVES_OPEN_PART = PAIR_FEATURES.index("serves_open_part")
 IS_LOOKUP = PAIR_FEATURES.index("is_lookup")
 ASKED_BY_VERB = PAIR_FEATURES.index("asked_by_verb")
 ADDED_NOT_CALLED = PAIR_FEATURES.index("added_not_called")
-STATE_LAYOUT_VERSION = 10
+READS_LISTED = PAIR_FEATURES.index("reads_listed")
+STATE_LAYOUT_VERSION = 11
 """Stored in policy metadata: a policy trained on another layout must be retrained, not misread."""
 TOKEN_SHORTLIST = 3
 """Tools per request part that :func:`tool_coverage` matches token by token (the nearest by cosine)."""
@@ -312,6 +317,13 @@ class StateParts:
 
     Once called, such a tool is one more tool called in this turn: marked for the whole turn, it
     kept its lead after failing, and the policy called it until the run was cut (online BFCL)."""
+    listed: dict[str, frozenset[str]] = field(default_factory=dict)
+    """Values that results of calls that worked since the latest user message listed, by what they list.
+
+    (:func:`_listed_values`.) A conversation reads the records a lookup just listed; a list from an
+    earlier turn stays unread for good once the user moved on (tau-bench airline's reservations)."""
+    called_with: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    """The values each (tool, argument) was called with earlier in the episode."""
 
     def fixed_slot_texts(self, tool_text: Callable[[str], str]) -> list[str | None]:
         """Return the text of each of the :data:`FIXED_SLOTS` in order (``None`` for an empty one).
@@ -355,6 +367,14 @@ class StateParts:
             out[at.get(name, _NOWHERE), FAILED_IN_TURN] = 1.0
         for name in self.added_not_called:
             out[at.get(name, _NOWHERE), ADDED_NOT_CALLED] = 1.0
+        if self.listed:
+            # Logs read each listed record until one holds what the request is about: which one does
+            # is in the results' contents, so the policy is told only that some are still unread.
+            for position in tool_set.with_ids:
+                if tool_set.is_lookup[position] and any(
+                        self.listed.get(key, _NO_VALUES) - self.called_with.get((names[position], argument), _NO_VALUES)
+                        for argument in ids[position] for key in _listing_keys(argument)):
+                    out[position, READS_LISTED] = 1.0
         just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
         if just_called is not None:
             out[at.get(just_called, _NOWHERE), JUST_CALLED_FAILED if just_failed else JUST_CALLED_OK] = 1.0
@@ -555,6 +575,54 @@ def _tool_words(name: str, description: str) -> frozenset[str]:
     return frozenset(words | {w[:5] for w in words if len(w) >= 5})
 
 
+_NO_VALUES: frozenset[str] = frozenset()
+
+
+@functools.lru_cache(maxsize=65536)
+def _listing_keys(argument: str) -> frozenset[str]:
+    """Return the keys, singular, a result lists an identifier's values under (``order_id``: orders, order_ids)."""
+    return frozenset({"_".join(_subject_words(argument))} | {form for form in _id_forms(argument) if " " not in form})
+
+
+def _singular_key(key: str) -> str:
+    """Return a result's key as snake case in the singular (``orderIds`` -> order_id, ``categories`` -> category)."""
+    key = "_".join(word.lower() for word in _NAME_PARTS.findall(key))
+    if key.endswith("ies"):
+        return key[:-3] + "y"
+    return key[:-1] if key.endswith("s") and not key.endswith("ss") else key
+
+
+@functools.lru_cache(maxsize=4096)  # each decision rereads the episode's results
+def _listed_values(observation: str) -> tuple[tuple[str, frozenset[str]], ...]:
+    """Return what a JSON result lists: (key in the singular, values) for each list of plain values or records by id.
+
+    ``{"orders": ["#W1", "#W2"]}`` lists orders; ``{"payment_methods": {"card_7": {...}}}``, payment
+    methods by their ids. A result that is not JSON lists nothing.
+    """
+    if not observation.lstrip().startswith(("{", "[")):
+        return ()
+    try:
+        result = json.loads(observation)
+    except (json.JSONDecodeError, RecursionError):
+        return ()
+    found: dict[str, set[str]] = {}
+    pending = [result]
+    while pending:
+        node = pending.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            if isinstance(key, str) and isinstance(value, list) and value and all(
+                    isinstance(item, (str, int)) and not isinstance(item, bool) for item in value):
+                found.setdefault(_singular_key(key), set()).update(map(str, value))
+            elif isinstance(key, str) and isinstance(value, dict) and value and all(
+                    isinstance(item, dict) for item in value.values()):
+                found.setdefault(_singular_key(key), set()).update(value)
+                pending.extend(value.values())
+            elif isinstance(value, (dict, list)):
+                pending.append(value)
+    return tuple((key, frozenset(values)) for key, values in found.items())
+
+
 _Needers = Sequence[tuple[str, str]]
 """The ``(tool, argument)`` pairs of the open tools that need one kind of identifier."""
 _NO_TOOLS: frozenset[int] = frozenset()
@@ -660,10 +728,12 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     known = [task]
     said_by_user = [task]
     added: set[str] = set()
+    listed: dict[str, frozenset[str]] = {}
+    called_with: dict[tuple[str, str], set[str]] = {}
     for step in prefix:
         if step.kind == "user":
             request, calls_since_request, counts, failed = step.content, 0, Counter(), set()
-            added = set(step.tools_added)
+            added, listed = set(step.tools_added), {}
             known.append(step.content)
             said_by_user.append(step.content)
             continue
@@ -676,10 +746,15 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
             previous_tool = step.tool
             before.add(step.tool)
             counts[step.tool] += 1
+            for argument, value in step.arguments.items():
+                given = value if isinstance(value, list) else [value]
+                called_with.setdefault((step.tool, argument), set()).update(str(item) for item in given)
             if step.error:
                 failed.add(step.tool)
             else:
                 worked[step.tool] += 1
+                for key, values in _listed_values(step.observation):
+                    listed[key] = listed.get(key, _NO_VALUES) | values
             known += [json.dumps(step.arguments, ensure_ascii=False, default=str), step.observation]
     last = prefix[-1] if prefix else None
     last_call = (last.tool, last.error) if last is not None and last.kind == "tool_call" and last.tool else None
@@ -689,7 +764,7 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     known_before = "\n".join(known[:-2]).lower() if last_call is not None and not last_call[1] else None
     return StateParts(task, request, history[::-1][:history_window], features, previous_tool, before,
                       counts, failed, last_call, "\n".join(known).lower(), gave_identifier, known_before, worked,
-                      added)
+                      added, listed, called_with)
 
 
 def decisions(episode: Episode, history_window: int) -> list[Decision]:

@@ -46,18 +46,21 @@ from evoharness_agent.encoding.state import (
     NAMED_IN_REQUEST,
     PREVIOUS_TOOL_SLOT,
     PROVIDES_MISSING,
+    READS_LISTED,
     REQUEST_SLOT,
     SERVES_OPEN_PART,
 )
 
-__all__ = ["DECISION_RULE", "PENALTIES", "NetworkConfig", "StateValue", "ToolScorer", "answer_leaves_part",
+__all__ = ["BONUSES", "DECISION_RULE", "PENALTIES", "NetworkConfig", "StateValue", "ToolScorer", "answer_leaves_part",
            "answer_skips_action", "answer_skips_retry", "answer_waits", "below_providers", "masked_log_softmax",
            "masked_scores", "repeats_retry", "tower_ranking_narrowed", "waiting_for_prerequisite"]
 
 PENALTIES = ("prerequisite_penalty", "prerequisite_finish_penalty", "open_part_finish_penalty",
              "asked_action_finish_penalty", "retry_penalty")
 """The :class:`NetworkConfig` fields that take points off a score when the policy acts (all 0: none is taken)."""
-DECISION_RULE = (*PENALTIES, "open_part_threshold", "tower_rank_weight")
+BONUSES = ("reads_listed_bonus",)
+"""The :class:`NetworkConfig` fields that add points to a score when the policy acts (all 0: none is added)."""
+DECISION_RULE = (*PENALTIES, *BONUSES, "open_part_threshold", "tower_rank_weight")
 """The :class:`NetworkConfig` fields that set how a policy acts, not what it learned (never inherited by ``--init``)."""
 SCALAR_GAIN = 10.0  # Adam moves every parameter ~lr per step; the few scalar score offsets
 # (per-tool bias, pair weights) are multiplied by this so they learn as fast as the towers.
@@ -145,6 +148,12 @@ class NetworkConfig:
     with the same successes. FINISH's part alone stops at 65, and after a retry that worked the
     policy called the tool again and again; after any tool's first failure (not only the best
     fit's), online BFCL took 12.2 decisions a scenario against 9.1. Fine-tuning does not inherit it."""
+    reads_listed_bonus: float = 0.0
+    """Added, when the policy acts, to the score of a lookup whose records a result in this turn
+    listed and it has not read (``reads_listed``): read each order the profile lists until one
+    holds the item the user speaks of, before returning it. Logs of conversations that read every
+    listed record are few, so training learns the feature weakly. Off (0) unless set; see
+    docs/experiments.md for the setting the shipped default takes. Fine-tuning does not inherit it."""
     tower_rank_weight: float = 1.0
     """How much the towers' state·tool term ranks one real tool above another when the policy acts
     (:func:`tower_ranking_narrowed`): 1 as trained; below 1 the rest of the score (request
@@ -198,6 +207,7 @@ class ToolScorer(nn.Module):
         self.open_part_threshold = config.open_part_threshold
         self.asked_action_finish_penalty = config.asked_action_finish_penalty
         self.retry_penalty = config.retry_penalty
+        self.reads_listed_bonus = config.reads_listed_bonus
         self.tower_rank_weight = config.tower_rank_weight
         self.pair_weight = nn.Parameter(torch.zeros(N_PAIR_FEATURES))
         self.context_weight = nn.Parameter(torch.zeros(N_CONTEXT_FEATURES))
@@ -290,7 +300,8 @@ class ToolScorer(nn.Module):
                 ``open_part_finish_penalty`` while a request part waits for an open tool and
                 ``asked_action_finish_penalty`` while only lookups ran and the request asks an
                 open action, and ``retry_penalty`` right after the best-fitting tool's first
-                call of the turn failed; a tool just retried loses ``retry_penalty``; the
+                call of the turn failed; a tool just retried loses ``retry_penalty``; a lookup
+                of records listed in this turn and not read gains ``reads_listed_bonus``; the
                 towers' term ranks the real tools at ``tower_rank_weight`` (never in training's
                 losses or TD targets).
 
@@ -319,14 +330,15 @@ class ToolScorer(nn.Module):
                 scores = scores + self.pair_head(inputs).squeeze(-1).to(scores.dtype)
             if narrowing and tower is not None:
                 scores = tower_ranking_narrowed(scores, tower.to(scores.dtype), pairs, self.tower_rank_weight)
-            if acting and any(getattr(self, penalty) for penalty in PENALTIES):
+            if acting and any(getattr(self, rule) for rule in (*PENALTIES, *BONUSES)):
                 waiting = waiting_for_prerequisite(pairs)
                 finish = (self.prerequisite_finish_penalty * answer_waits(similarity, pairs, waiting)
                           + self.open_part_finish_penalty * answer_leaves_part(pairs, self.open_part_threshold)
                           + self.asked_action_finish_penalty * answer_skips_action(pairs)
                           + self.retry_penalty * answer_skips_retry(similarity, pairs))
                 penalty = (self.prerequisite_penalty * waiting + pairs[..., IS_FINISH].float() * finish
-                           + self.retry_penalty * repeats_retry(pairs))
+                           + self.retry_penalty * repeats_retry(pairs)
+                           - self.reads_listed_bonus * pairs[..., READS_LISTED].float())
                 scores = scores - penalty.to(scores.dtype)
                 if self.prerequisite_penalty:
                     scores = below_providers(scores, pairs, waiting)

@@ -376,6 +376,41 @@ def test_a_tool_that_changes_something_gives_no_identifier_its_description_only_
     assert state_parts("Cancel my order and return the lamp", [cancelled], 2).pair_features(tools)[0][missing] == 0.5
 
 
+def test_a_lookup_is_marked_while_a_result_in_this_turn_lists_values_it_was_not_called_with() -> None:
+    def by_id(name: str, argument: str) -> ToolSpec:
+        return ToolSpec(name=name, description=f"{name} by {argument}.",
+                        parameters={"type": "object", "properties": {argument: {"type": "string"}},
+                                    "required": [argument]})
+
+    read_order, cancel = by_id("get_order_details", "order_id"), by_id("cancel_order", "order_id")
+    read_card = by_id("get_payment_method", "paymentMethodId")
+    tools = [read_order, cancel, read_card, by_id("get_user_details", "user_id")]
+    listed = PAIR_FEATURES.index("reads_listed")
+    profile = Step(tool="get_user_details", arguments={"user_id": "u1"},
+                   observation='{"user_id": "u1", "orders": ["#W1", "#W2"], '
+                               '"payment_methods": {"card_7": {"brand": "visa"}}, "name": {"first": "Ann"}}')
+
+    def marked(*steps: Step) -> list[float]:
+        parts = state_parts("Cancel the order with the lamp", [profile, *steps], 2)
+        return parts.pair_features(tools)[:, listed].tolist()
+
+    # The profile lists two orders and a card (by its id): both lookups are marked, the change never,
+    # nor the lookup the profile came from (it lists no other user).
+    assert marked() == [1.0, 0.0, 1.0, 0.0]
+    first = Step(tool="get_order_details", arguments={"order_id": "#W1"}, observation='{"order_id": "#W1"}')
+    assert marked(first) == [1.0, 0.0, 1.0, 0.0]
+    # A read that failed was still tried; once both orders were, nothing lists an unread one.
+    second = Step(tool="get_order_details", arguments={"order_id": "#W2"}, observation="timeout", error=True)
+    assert marked(first, second) == [0.0, 0.0, 1.0, 0.0]
+    # The user moved on: a list from an earlier turn is not what this one reads.
+    assert marked(Step(kind="user", content="Thanks. What is my balance?")) == [0.0] * 4
+    # A result that is not JSON, or a profile that failed, lists nothing.
+    text = profile.model_copy(update={"observation": "orders: #W1, #W2"})
+    failed = profile.model_copy(update={"error": True})
+    for start in (text, failed):
+        assert state_parts("Cancel it", [start], 2).pair_features(tools)[:, listed].tolist() == [0.0] * 4
+
+
 def test_decisions_default_availability_is_all_tools() -> None:
     episode = multi_turn().model_copy(update={"available_at_start": None})
     assert all(p.available == {"search", "read_file", "write_file", FINISH}

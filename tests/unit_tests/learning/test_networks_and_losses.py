@@ -615,6 +615,20 @@ def test_answering_is_put_off_once_right_after_the_best_fitting_tools_first_call
     assert NetworkConfig().retry_penalty == 0.0  # off by default
 
 
+def test_a_lookup_of_listed_records_not_read_gains_the_bonus_only_when_acting() -> None:
+    d = 4
+    scorer, tools, pairs = rule_scorer(NetworkConfig(dropout=0.0, reads_listed_bonus=2.0), 2)
+    # get_order_details, return_items, get_user_details, FINISH; the profile lists orders not read in state 0
+    pairs[0, 0, PAIR_FEATURES.index("reads_listed")] = 1.0
+    states = torch.randn(2, 3 * d + 2)
+    with torch.no_grad():
+        gained = scorer(states, tools, None, pairs, acting=True) - scorer(states, tools, None, pairs)
+    expected = torch.zeros(2, 4)
+    expected[0, 0] = 2.0
+    assert torch.allclose(gained, expected, atol=1e-5)
+    assert NetworkConfig().reads_listed_bonus == 0.0  # off by default
+
+
 def test_a_tool_just_retried_is_not_called_again() -> None:
     d = 4
     scorer, tools, pairs = rule_scorer(NetworkConfig(dropout=0.0, retry_penalty=2.0), 4)
