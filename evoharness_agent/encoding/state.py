@@ -323,7 +323,7 @@ class StateParts:
     (:func:`_listed_values`.) A conversation reads the records a lookup just listed; a list from an
     earlier turn stays unread for good once the user moved on (tau-bench airline's reservations)."""
     called_with: dict[tuple[str, str], set[str]] = field(default_factory=dict)
-    """The values each (tool, argument) was called with earlier in the episode."""
+    """The values each (tool, identifier argument) was called with earlier in the episode."""
 
     def fixed_slot_texts(self, tool_text: Callable[[str], str]) -> list[str | None]:
         """Return the text of each of the :data:`FIXED_SLOTS` in order (``None`` for an empty one).
@@ -747,8 +747,9 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
             before.add(step.tool)
             counts[step.tool] += 1
             for argument, value in step.arguments.items():
-                given = value if isinstance(value, list) else [value]
-                called_with.setdefault((step.tool, argument), set()).update(str(item) for item in given)
+                if _ID_ARGUMENT.search(argument):  # only identifiers are looked up (``reads_listed``)
+                    given = value if isinstance(value, list) else [value]
+                    called_with.setdefault((step.tool, argument), set()).update(str(item) for item in given)
             if step.error:
                 failed.add(step.tool)
             else:
