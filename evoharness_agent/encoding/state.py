@@ -112,7 +112,8 @@ PAIR_FEATURES = (
     "added_not_called",    # it became available since the latest user message (``Step.tools_added``: BFCL's
                            # "I have updated some more functions you can choose from") and was not called since
     "reads_listed",        # a lookup, and a result in this turn listed a value of its identifier it was not called
-                           # with (``get_order_details`` while the user's profile lists orders it has not read)
+                           # with and gave no record of (``get_order_details`` while the user's profile lists
+                           # orders it has not read)
 )
 """Per (state, tool) features, in order."""
 N_PAIR_FEATURES = len(PAIR_FEATURES)
@@ -135,7 +136,7 @@ IS_LOOKUP = PAIR_FEATURES.index("is_lookup")
 ASKED_BY_VERB = PAIR_FEATURES.index("asked_by_verb")
 ADDED_NOT_CALLED = PAIR_FEATURES.index("added_not_called")
 READS_LISTED = PAIR_FEATURES.index("reads_listed")
-STATE_LAYOUT_VERSION = 11
+STATE_LAYOUT_VERSION = 12
 """Stored in policy metadata: a policy trained on another layout must be retrained, not misread."""
 TOKEN_SHORTLIST = 3
 """Tools per request part that :func:`tool_coverage` matches token by token (the nearest by cosine)."""
@@ -581,7 +582,8 @@ _NO_VALUES: frozenset[str] = frozenset()
 @functools.lru_cache(maxsize=65536)
 def _listing_keys(argument: str) -> frozenset[str]:
     """Return the keys, singular, a result lists an identifier's values under (``order_id``: orders, order_ids)."""
-    return frozenset({"_".join(_subject_words(argument))} | {form for form in _id_forms(argument) if " " not in form})
+    return frozenset({"_".join(_subject_words(argument)), _singular_key(argument)}
+                     | {form for form in _id_forms(argument) if " " not in form})
 
 
 def _singular_key(key: str) -> str:
@@ -594,10 +596,13 @@ def _singular_key(key: str) -> str:
 
 @functools.lru_cache(maxsize=4096)  # each decision rereads the episode's results
 def _listed_values(observation: str) -> tuple[tuple[str, frozenset[str]], ...]:
-    """Return what a JSON result lists: (key in the singular, values) for each list of plain values or records by id.
+    """Return what a JSON result lists and does not hold: (key in the singular, values) for each list of plain values.
 
-    ``{"orders": ["#W1", "#W2"]}`` lists orders; ``{"payment_methods": {"card_7": {...}}}``, payment
-    methods by their ids. A result that is not JSON lists nothing.
+    ``{"orders": ["#W1", "#W2"]}`` lists orders. A value the same result also gives a record of
+    (an object with that identifier and more: ``"items": [{"item_id": "42", "price": 9}]``
+    beside ``"item_ids": ["42"]``) is not listed: its record is read already. For the same
+    reason records keyed by their ids (``"variants": {"42": {...}}``) list nothing. A result
+    that is not JSON lists nothing.
     """
     if not observation.lstrip().startswith(("{", "[")):
         return ()
@@ -606,21 +611,26 @@ def _listed_values(observation: str) -> tuple[tuple[str, frozenset[str]], ...]:
     except (json.JSONDecodeError, RecursionError):
         return ()
     found: dict[str, set[str]] = {}
+    described: dict[str, set[str]] = {}
     pending = [result]
     while pending:
         node = pending.pop()
         items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
         for key, value in items:
-            if isinstance(key, str) and isinstance(value, list) and value and all(
-                    isinstance(item, (str, int)) and not isinstance(item, bool) for item in value):
-                found.setdefault(_singular_key(key), set()).update(map(str, value))
-            elif isinstance(key, str) and isinstance(value, dict) and value and all(
-                    isinstance(item, dict) for item in value.values()):
-                found.setdefault(_singular_key(key), set()).update(value)
-                pending.extend(value.values())
-            elif isinstance(value, (dict, list)):
-                pending.append(value)
-    return tuple((key, frozenset(values)) for key, values in found.items())
+            if isinstance(value, (dict, list)):
+                if isinstance(key, str) and isinstance(value, list) and value and all(map(_is_plain, value)):
+                    found.setdefault(_singular_key(key), set()).update(map(str, value))
+                else:
+                    pending.append(value)
+            elif isinstance(node, dict) and len(node) > 1 and _is_plain(value) and _ID_ARGUMENT.search(str(key)):
+                described.setdefault(_singular_key(str(key)), set()).add(str(value))
+    listed = ((key, frozenset(values - described.get(key, set()))) for key, values in found.items())
+    return tuple((key, values) for key, values in listed if values)
+
+
+def _is_plain(value: object) -> bool:
+    """Whether a JSON value is a string or an integer (an identifier's value can be either)."""
+    return isinstance(value, (str, int)) and not isinstance(value, bool)
 
 
 _Needers = Sequence[tuple[str, str]]

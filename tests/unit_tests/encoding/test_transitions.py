@@ -383,8 +383,8 @@ def test_a_lookup_is_marked_while_a_result_in_this_turn_lists_values_it_was_not_
                                     "required": [argument]})
 
     read_order, cancel = by_id("get_order_details", "order_id"), by_id("cancel_order", "order_id")
-    read_card = by_id("get_payment_method", "paymentMethodId")
-    tools = [read_order, cancel, read_card, by_id("get_user_details", "user_id")]
+    read_card, read_item = by_id("get_payment_method", "paymentMethodId"), by_id("get_item_details", "item_id")
+    tools = [read_order, cancel, read_card, by_id("get_user_details", "user_id"), read_item]
     listed = PAIR_FEATURES.index("reads_listed")
     profile = Step(tool="get_user_details", arguments={"user_id": "u1"},
                    observation='{"user_id": "u1", "orders": ["#W1", "#W2"], '
@@ -394,21 +394,28 @@ def test_a_lookup_is_marked_while_a_result_in_this_turn_lists_values_it_was_not_
         parts = state_parts("Cancel the order with the lamp", [profile, *steps], 2)
         return parts.pair_features(tools)[:, listed].tolist()
 
-    # The profile lists two orders and a card (by its id): both lookups are marked, the change never,
-    # nor the lookup the profile came from (it lists no other user).
-    assert marked() == [1.0, 0.0, 1.0, 0.0]
-    first = Step(tool="get_order_details", arguments={"order_id": "#W1"}, observation='{"order_id": "#W1"}')
-    assert marked(first) == [1.0, 0.0, 1.0, 0.0]
+    # The profile lists two orders: their lookup is marked, the change never, nor the lookup the
+    # profile came from (it lists no other user). Its cards are records keyed by id: held, not listed.
+    assert marked() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    # An order lists its items' ids beside their records: only an item without one is left to read.
+    first = Step(tool="get_order_details", arguments={"order_id": "#W1"},
+                 observation='{"order_id": "#W1", "items": [{"item_id": "42", "price": 9}], "item_ids": ["42"]}')
+    assert marked(first) == [1.0, 0.0, 0.0, 0.0, 0.0]
+    more = first.model_copy(update={"observation": first.observation.replace('["42"]', '["42", "43"]')})
+    assert marked(more) == [1.0, 0.0, 0.0, 0.0, 1.0]
     # A read that failed was still tried; once both orders were, nothing lists an unread one.
     second = Step(tool="get_order_details", arguments={"order_id": "#W2"}, observation="timeout", error=True)
-    assert marked(first, second) == [0.0, 0.0, 1.0, 0.0]
+    assert marked(first, second) == [0.0] * 5
+    # Ids listed by a camel-case key, without records, are what a camel-case argument reads.
+    cards = profile.model_copy(update={"observation": '{"user_id": "u1", "paymentMethodIds": ["card_7"]}'})
+    assert state_parts("Pay", [cards], 2).pair_features(tools)[:, listed].tolist() == [0.0, 0.0, 1.0, 0.0, 0.0]
     # The user moved on: a list from an earlier turn is not what this one reads.
-    assert marked(Step(kind="user", content="Thanks. What is my balance?")) == [0.0] * 4
+    assert marked(Step(kind="user", content="Thanks. What is my balance?")) == [0.0] * 5
     # A result that is not JSON, or a profile that failed, lists nothing.
     text = profile.model_copy(update={"observation": "orders: #W1, #W2"})
     failed = profile.model_copy(update={"error": True})
     for start in (text, failed):
-        assert state_parts("Cancel it", [start], 2).pair_features(tools)[:, listed].tolist() == [0.0] * 4
+        assert state_parts("Cancel it", [start], 2).pair_features(tools)[:, listed].tolist() == [0.0] * 5
 
 
 def test_decisions_default_availability_is_all_tools() -> None:
