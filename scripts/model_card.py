@@ -97,7 +97,7 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path,
                      f"{network.get('asked_action_finish_penalty', 0.0)}, "
                      "and answering right after the best-fitting tool's first call of the turn failed, or calling "
                      f"again a tool just retried, loses {network.get('retry_penalty', 0.0)}; "
-                     "a lookup of records a result in this turn listed and it has not read gains "
+                     "a lookup of records a result in this turn listed without holding them and it has not read gains "
                      f"{network.get('reads_listed_bonus', 0.0)}; "
                      f"the towers' term ranks one tool above another at {network.get('tower_rank_weight', 1.0)} "
                      "of its trained weight, the best tool keeping its score "
