@@ -319,7 +319,7 @@ class StateParts:
     Once called, such a tool is one more tool called in this turn: marked for the whole turn, it
     kept its lead after failing, and the policy called it until the run was cut (online BFCL)."""
     listed: dict[str, frozenset[str]] = field(default_factory=dict)
-    """Values that results of calls that worked since the latest user message listed, by what they list.
+    """Values that results of calls that worked since the latest user message listed without their records, by key.
 
     (:func:`_listed_values`.) A conversation reads the records a lookup just listed; a list from an
     earlier turn stays unread for good once the user moved on (tau-bench airline's reservations)."""
