@@ -100,8 +100,8 @@ PAIR_FEATURES = (
     "failed_in_turn",      # a call of it failed since the latest user message
     "calls_in_turn",       # how often it was called in this turn (scaled, capped)
     "named_in_request",    # the request names it (its name, or the words of its name)
-    "missing_ids",         # share of its required identifier arguments nothing gave yet (by name; users by value;
-                           # or a call that worked of the tool named for it)
+    "missing_ids",         # share of its required identifier arguments nothing gave yet (by name; users by a value
+                           # after words that speak of it; or a call that worked of the tool named for it)
     "provides_missing",    # it is named for an identifier another available tool needs and nothing gave yet
     "just_unblocked",      # the call just made gave the last of its required identifiers (missing before it)
     "serves_open_part",    # how much better it matches some part of the request than any tool called in this turn
@@ -136,7 +136,7 @@ IS_LOOKUP = PAIR_FEATURES.index("is_lookup")
 ASKED_BY_VERB = PAIR_FEATURES.index("asked_by_verb")
 ADDED_NOT_CALLED = PAIR_FEATURES.index("added_not_called")
 READS_LISTED = PAIR_FEATURES.index("reads_listed")
-STATE_LAYOUT_VERSION = 12
+STATE_LAYOUT_VERSION = 13
 """Stored in policy metadata: a policy trained on another layout must be retrained, not misread."""
 TOKEN_SHORTLIST = 3
 """Tools per request part that :func:`tool_coverage` matches token by token (the nearest by cosine)."""
@@ -307,10 +307,10 @@ class StateParts:
     """(tool, failed) when the step right before this decision is a tool call."""
     known_text: str = ""
     """Lower-cased request, arguments and observations so far: what the agent already knows."""
-    user_gave_identifier: bool = False
-    """Whether the user's messages hold an identifier-like value (``#W2890441``, ``ORD-88213``)."""
+    user_named_values: frozenset[str] = frozenset()
+    """The words, with their stems, right before identifier-like values the user gave ("order #W2890441": order)."""
     known_before_last_call: str | None = None
-    """:attr:`known_text` without the call right before this decision, when that call worked."""
+    """:attr:`known_text` without the result of the call right before this decision, when that call worked."""
     worked: Counter[str] = field(default_factory=Counter)
     """How often each tool was called earlier in the episode and worked."""
     added_not_called: set[str] = field(default_factory=set)
@@ -379,14 +379,13 @@ class StateParts:
         just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
         if just_called is not None:
             out[at.get(just_called, _NOWHERE), JUST_CALLED_FAILED if just_failed else JUST_CALLED_OK] = 1.0
-        # Users give identifiers as values ("Return order #W6067464"), not by argument name: once
-        # they did, which argument a value fills is unknown, so no identifier counts as missing.
-        if self.user_gave_identifier or not tool_set.with_ids:
+        if not tool_set.with_ids:
             return out
         # A tool that worked, as the schema the tool set has for its name (the last, if it has several).
         givers = _givers(self.worked, {name: tools[at[name][-1]] for name in self.worked if name in at})
+        user_named = self.user_named_values
         missing = {position: needed for position in tool_set.with_ids
-                   if (needed := _not_given_by_calls(_missing_id_args(ids[position], self.known_text),
+                   if (needed := _not_given_by_calls(_missing_id_args(ids[position], self.known_text, user_named),
                                                      names[position], givers))}
         wanted: dict[tuple[str, ...], list[tuple[str, str]]] = {}
         for position, arguments in missing.items():
@@ -402,7 +401,7 @@ class StateParts:
             givers_before = ({name: giver for name, giver in givers.items() if name != just_called}
                              if self.worked[just_called or ""] == 1 else givers)
             for position in tool_set.with_ids:
-                if position not in missing and _not_given_by_calls(_missing_id_args(ids[position], before),
+                if position not in missing and _not_given_by_calls(_missing_id_args(ids[position], before, user_named),
                                                                    names[position], givers_before):
                     out[position, JUST_UNBLOCKED] = 1.0
         return out
@@ -492,14 +491,18 @@ def _id_args(tool: ToolSpec) -> tuple[str, ...]:
     return _identifiers(_required(tool))
 
 
-def _missing_id_args(ids: Sequence[str], known_text: str) -> list[str]:
+def _missing_id_args(ids: Sequence[str], known_text: str, user_named: frozenset[str] = frozenset()) -> list[str]:
     """Return the identifier arguments of ``ids`` (a tool's :func:`_id_args`) that ``known_text`` does not mention.
 
     An argument is mentioned by its name, with spaces for underscores, or in the singular
     (``item_ids`` by an observation's ``"item_id"`` keys), or without its qualifying words
     (``from_account_id`` by ``account_id``: a list of accounts gives the source and the target).
+    Users give identifiers as values, not by name: a value fills the identifiers its preceding
+    words speak of (``user_named``, :func:`_words_before_values`: "Return order #W6067464" gives
+    ``order_id``). "You are mei_kovacs_8020" speaks of none, and logs then look the user up.
     """
-    return [arg for arg in ids if not any(form in known_text for form in _id_forms(arg))]
+    return [arg for arg in ids if not any(form in known_text for form in _id_forms(arg))
+            and not _speaks_of(user_named, _subject_words(arg))]
 
 
 _Giver = tuple[frozenset[str], frozenset[str]]
@@ -552,6 +555,15 @@ _IDENTIFIER_VALUE = re.compile(r"#\w+|\b(?=[\w-]*\d)(?=[\w-]*[a-zA-Z])[\w-]{5,}\
 
 
 _ID_WORDS = frozenset({"id", "ids", "uuid"})
+
+
+@functools.lru_cache(maxsize=4096)
+def _words_before_values(text: str) -> frozenset[str]:
+    """Return the three words before each identifier-like value in a user's message, lower-cased, and their stems."""
+    words: set[str] = set()
+    for match in _IDENTIFIER_VALUE.finditer(text):
+        words.update(_WORD.findall(text[max(match.start() - 60, 0):match.start()].lower())[-3:])
+    return frozenset(words | {word[:5] for word in words if len(word) >= 5})
 
 
 @functools.lru_cache(maxsize=65536)
@@ -770,11 +782,12 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     last = prefix[-1] if prefix else None
     last_call = (last.tool, last.error) if last is not None and last.kind == "tool_call" and last.tool else None
     features = [min(calls_since_request, 20) / 10.0, last_error]
-    gave_identifier = any(_IDENTIFIER_VALUE.search(text) for text in said_by_user)
-    # The call just made added its arguments and observation last.
-    known_before = "\n".join(known[:-2]).lower() if last_call is not None and not last_call[1] else None
+    named_values = frozenset().union(*(_words_before_values(text) for text in said_by_user))
+    # The call just made added its arguments and observation last. Its arguments were known before it:
+    # after ``exchange(order_id=...)`` an order id the user gave by value alone does not unblock ``cancel``.
+    known_before = "\n".join(known[:-1]).lower() if last_call is not None and not last_call[1] else None
     return StateParts(task, request, history[::-1][:history_window], features, previous_tool, before,
-                      counts, failed, last_call, "\n".join(known).lower(), gave_identifier, known_before, worked,
+                      counts, failed, last_call, "\n".join(known).lower(), named_values, known_before, worked,
                       added, listed, called_with)
 
 

@@ -136,24 +136,27 @@ def test_pair_features_see_named_tools_and_missing_identifiers() -> None:
     assert after[1][missing] == 0.0  # the lookup's result gave it
 
 
-@pytest.mark.parametrize(("request_text", "gave"), [
-    ("Return order #W6067464, please", True),
-    ("Check whether order ORD-88213 has shipped", True),
-    ("Cancel reservation EHGLP3", True),
-    ("My user id is mia_li_3668", True),
-    ("Refund item 1008292230", True),
-    ("Move my dentist appointment on Friday, March 14 to 5pm", False),
-    ("Tag my Q3 OKRs note, due 2025-03-14", False),
-    ("Show Ann's last order", False),
+@pytest.mark.parametrize(("request_text", "given"), [
+    ("Return order #W6067464, please", {"order_id"}),
+    ("Check whether order ORD-88213 has shipped", {"order_id"}),
+    ("Cancel reservation EHGLP3", {"reservation_id"}),
+    ("My user id is mia_li_3668", {"user_id"}),
+    ("Refund item 1008292230", {"item_id"}),
+    ("You are mei_kovacs_8020 living in zipcode 28236", set()),
+    ("For #W5564375, exchange the lamp", set()),
+    ("Move my dentist appointment on Friday, March 14 to 5pm", set()),
+    ("Tag my Q3 OKRs note, due 2025-03-14", set()),
+    ("Show Ann's last order", set()),
 ])
-def test_an_identifier_the_user_gave_as_a_value_counts_as_known(request_text: str, gave: bool) -> None:
-    refund = ToolSpec(name="refund_order", description="Refund an order.",
-                      parameters={"type": "object", "properties": {"order_id": {"type": "string"}},
-                                  "required": ["order_id"]})
-    parts = state_parts(request_text, [], 2)
-    assert parts.user_gave_identifier is gave
+def test_a_value_the_user_gave_fills_the_identifiers_its_preceding_words_speak_of(request_text: str,
+                                                                                   given: set[str]) -> None:
+    arguments = ("order_id", "reservation_id", "user_id", "item_id")
+    tools = [ToolSpec(name=f"handle_{argument.removesuffix('_id')}", description="Handle it.",
+                      parameters={"type": "object", "properties": {argument: {"type": "string"}},
+                                  "required": [argument]}) for argument in arguments]
+    rows = state_parts(request_text, [], 2).pair_features(tools)
     missing = PAIR_FEATURES.index("missing_ids")
-    assert parts.pair_features([refund])[0][missing] == (0.0 if gave else 1.0)
+    assert {argument for argument, row in zip(arguments, rows, strict=True) if row[missing] == 0.0} == given
 
 
 def test_an_identifier_in_a_tool_result_counts_only_by_name() -> None:
@@ -240,6 +243,19 @@ def test_a_lookup_that_gives_a_tool_its_identifier_unblocks_it() -> None:
     failed = Step(tool="find_customer", arguments={"name": "Ann"}, observation="error: customer_id lookup failed",
                   error=True)
     assert state_parts("Show Ann's orders", [failed], 2).pair_features([lookup, orders])[1][unblocked] == 0.0
+
+
+def test_a_call_unblocks_nothing_by_the_arguments_it_was_given() -> None:
+    def needs_order(name: str) -> ToolSpec:
+        return ToolSpec(name=name, description="Change an order.", parameters={
+            "type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]})
+
+    exchange, cancel = needs_order("exchange_items"), needs_order("cancel_order")
+    unblocked = PAIR_FEATURES.index("just_unblocked")
+    # The user gave the order by value alone: the exchange's argument names it, its result gives nothing new.
+    done = Step(tool="exchange_items", arguments={"order_id": "#W5564375"}, observation='{"status": "exchanged"}')
+    parts = state_parts("For #W5564375, exchange the lamp", [done], 2)
+    assert [row[unblocked] for row in parts.pair_features([exchange, cancel])] == [0.0, 0.0]
 
 
 def test_request_parts_split_the_pieces_of_work_a_request_asks_for() -> None:
