@@ -491,7 +491,7 @@ def _id_args(tool: ToolSpec) -> tuple[str, ...]:
     return _identifiers(_required(tool))
 
 
-def _missing_id_args(ids: Sequence[str], known_text: str, user_named: frozenset[str] = frozenset()) -> list[str]:
+def _missing_id_args(ids: Sequence[str], known_text: str, user_named: frozenset[str]) -> list[str]:
     """Return the identifier arguments of ``ids`` (a tool's :func:`_id_args`) that ``known_text`` does not mention.
 
     An argument is mentioned by its name, with spaces for underscores, or in the singular
@@ -540,6 +540,11 @@ def _speaks_of(words: frozenset[str], subject: Sequence[str]) -> bool:
     return all(w in words or w[:5] in words for w in subject)
 
 
+def _with_stems(words: set[str]) -> frozenset[str]:
+    """Return ``words`` with the 5-letter stems of those of five letters or more, as :func:`_speaks_of` reads them."""
+    return frozenset(words | {word[:5] for word in words if len(word) >= 5})
+
+
 @functools.lru_cache(maxsize=65536)
 def _id_forms(argument: str) -> frozenset[str]:
     """Return the texts that mention an identifier argument (:func:`_missing_id_args`)."""
@@ -563,7 +568,7 @@ def _words_before_values(text: str) -> frozenset[str]:
     words: set[str] = set()
     for match in _IDENTIFIER_VALUE.finditer(text):
         words.update(_WORD.findall(text[max(match.start() - 60, 0):match.start()].lower())[-3:])
-    return frozenset(words | {word[:5] for word in words if len(word) >= 5})
+    return _with_stems(words)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -585,7 +590,7 @@ def _tool_words(name: str, description: str) -> frozenset[str]:
     words = {w.lower() for w in _NAME_PARTS.findall(name)}
     if _is_lookup(name):
         words |= set(_WORD.findall(description.lower()))
-    return frozenset(words | {w[:5] for w in words if len(w) >= 5})
+    return _with_stems(words)
 
 
 _NO_VALUES: frozenset[str] = frozenset()
