@@ -136,7 +136,7 @@ IS_LOOKUP = PAIR_FEATURES.index("is_lookup")
 ASKED_BY_VERB = PAIR_FEATURES.index("asked_by_verb")
 ADDED_NOT_CALLED = PAIR_FEATURES.index("added_not_called")
 READS_LISTED = PAIR_FEATURES.index("reads_listed")
-STATE_LAYOUT_VERSION = 13
+STATE_LAYOUT_VERSION = 14
 """Stored in policy metadata: a policy trained on another layout must be retrained, not misread."""
 TOKEN_SHORTLIST = 3
 """Tools per request part that :func:`tool_coverage` matches token by token (the nearest by cosine)."""
@@ -307,8 +307,8 @@ class StateParts:
     """(tool, failed) when the step right before this decision is a tool call."""
     known_text: str = ""
     """Lower-cased request, arguments and observations so far: what the agent already knows."""
-    user_named_values: frozenset[str] = frozenset()
-    """The words, with their stems, right before identifier-like values the user gave ("order #W2890441": order)."""
+    user_named_values: tuple[frozenset[str], ...] = ()
+    """The words, with their stems, right before each identifier-like value the user gave ("order #W2890441": order)."""
     known_before_last_call: str | None = None
     """:attr:`known_text` without the result of the call right before this decision, when that call worked."""
     worked: Counter[str] = field(default_factory=Counter)
@@ -345,7 +345,8 @@ class StateParts:
         express per tool, and the loop a policy without them falls into.
         """
         request = self.request.lower()
-        tool_set = _tool_set(tuple((tool.name, tool.description or "", _required(tool)) for tool in tools))
+        tool_set = _tool_set(tuple((tool.name, tool.description or "", _required(tool), _described_subjects(tool))
+                                   for tool in tools))
         names, ids = tool_set.names, tool_set.ids
         at = tool_set.positions
         # Most columns are the tool set's or the request's; the history touches the few tools it names.
@@ -379,13 +380,15 @@ class StateParts:
         just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
         if just_called is not None:
             out[at.get(just_called, _NOWHERE), JUST_CALLED_FAILED if just_failed else JUST_CALLED_OK] = 1.0
-        if not tool_set.with_ids:
+        if not tool_set.with_ids or any(tool_set.gives_any_identifier(words) for words in self.user_named_values):
             return out
         # A tool that worked, as the schema the tool set has for its name (the last, if it has several).
         givers = _givers(self.worked, {name: tools[at[name][-1]] for name in self.worked if name in at})
-        user_named = self.user_named_values
+        user_named = frozenset().union(*self.user_named_values)
+        subjects = tool_set.subjects
         missing = {position: needed for position in tool_set.with_ids
-                   if (needed := _not_given_by_calls(_missing_id_args(ids[position], self.known_text, user_named),
+                   if (needed := _not_given_by_calls(_missing_id_args(ids[position], subjects[position],
+                                                                      self.known_text, user_named),
                                                      names[position], givers))}
         wanted: dict[tuple[str, ...], list[tuple[str, str]]] = {}
         for position, arguments in missing.items():
@@ -401,8 +404,9 @@ class StateParts:
             givers_before = ({name: giver for name, giver in givers.items() if name != just_called}
                              if self.worked[just_called or ""] == 1 else givers)
             for position in tool_set.with_ids:
-                if position not in missing and _not_given_by_calls(_missing_id_args(ids[position], before, user_named),
-                                                                   names[position], givers_before):
+                if position not in missing and _not_given_by_calls(
+                        _missing_id_args(ids[position], subjects[position], before, user_named),
+                        names[position], givers_before):
                     out[position, JUST_UNBLOCKED] = 1.0
         return out
 
@@ -491,8 +495,11 @@ def _id_args(tool: ToolSpec) -> tuple[str, ...]:
     return _identifiers(_required(tool))
 
 
-def _missing_id_args(ids: Sequence[str], known_text: str, user_named: frozenset[str]) -> list[str]:
+def _missing_id_args(ids: Sequence[str], subjects: Sequence[tuple[tuple[str, ...], ...]], known_text: str,
+                     user_named: frozenset[str]) -> list[str]:
     """Return the identifier arguments of ``ids`` (a tool's :func:`_id_args`) that ``known_text`` does not mention.
+
+    ``subjects`` holds what each argument identifies (:attr:`_ToolSet.subjects`).
 
     An argument is mentioned by its name, with spaces for underscores, or in the singular
     (``item_ids`` by an observation's ``"item_id"`` keys), or without its qualifying words
@@ -501,8 +508,9 @@ def _missing_id_args(ids: Sequence[str], known_text: str, user_named: frozenset[
     words speak of (``user_named``, :func:`_words_before_values`: "Return order #W6067464" gives
     ``order_id``). "You are mei_kovacs_8020" speaks of none, and logs then look the user up.
     """
-    return [arg for arg in ids if not any(form in known_text for form in _id_forms(arg))
-            and not _speaks_of(user_named, _subject_words(arg))]
+    return [arg for arg, said_as in zip(ids, subjects, strict=True)
+            if not any(form in known_text for form in _id_forms(arg))
+            and not any(_speaks_of(user_named, subject) for subject in said_as)]
 
 
 _Giver = tuple[frozenset[str], frozenset[str]]
@@ -563,12 +571,37 @@ _ID_WORDS = frozenset({"id", "ids", "uuid"})
 
 
 @functools.lru_cache(maxsize=4096)
-def _words_before_values(text: str) -> frozenset[str]:
-    """Return the three words before each identifier-like value in a user's message, lower-cased, and their stems."""
-    words: set[str] = set()
-    for match in _IDENTIFIER_VALUE.finditer(text):
-        words.update(_WORD.findall(text[max(match.start() - 60, 0):match.start()].lower())[-3:])
-    return _with_stems(words)
+def _words_before_values(text: str) -> tuple[frozenset[str], ...]:
+    """Return the three words before each identifier-like value in a user's message, lower-cased, with their stems."""
+    return tuple(dict.fromkeys(
+        _with_stems(set(_WORD.findall(text[max(match.start() - 60, 0):match.start()].lower())[-3:]))
+        for match in _IDENTIFIER_VALUE.finditer(text)))
+
+
+_DESCRIBED_ID = re.compile(r"\b(?:([a-z]+) id|id of (?:the |a |an )?([a-z]+))\b")
+_NOT_A_SUBJECT = frozenset({"the", "a", "an", "unique", "its", "their", "your"})
+
+
+def _described_subjects(tool: ToolSpec) -> tuple[str, ...]:
+    """Return the word each identifier argument's description says it identifies ("User ID of ...": user), or ""."""
+    properties = tool.parameters.get("properties") or {}
+    out = []
+    for argument in _id_args(tool):
+        spec = properties.get(argument)
+        description = spec.get("description") if isinstance(spec, dict) else None
+        out.append(_described_subject(description) if isinstance(description, str) else "")
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=65536)
+def _described_subject(description: str) -> str:
+    """Return the word an identifier's description puts before "id" or after "id of", else an empty string.
+
+    A role names an argument, an entity its description: ``receiver_id`` is "User ID of the user
+    to send the message to", and the user gives it as "my cousin, user id USR002".
+    """
+    match = _DESCRIBED_ID.search(description.lower())
+    return next((word for word in (match.groups() if match else ()) if word and word not in _NOT_A_SUBJECT), "")
 
 
 @functools.lru_cache(maxsize=65536)
@@ -663,6 +696,10 @@ class _ToolSet(NamedTuple):
     names: list[str]
     ids: list[tuple[str, ...]]
     """Each tool's required identifiers (:func:`_identifiers`)."""
+    subjects: list[tuple[tuple[tuple[str, ...], ...], ...]]
+    """What each of those identifiers identifies: its name's subject, and its description's if it has one."""
+    all_subjects: frozenset[tuple[str, ...]]
+    """Every subject in :attr:`subjects`."""
     with_ids: list[int]
     """The positions of the tools that require an identifier."""
     positions: dict[str, np.ndarray]
@@ -675,6 +712,14 @@ class _ToolSet(NamedTuple):
     """The first five letters of each tool's name verb; FINISH's is empty (no request asks for it)."""
     by_request: dict[str, tuple[np.ndarray, np.ndarray]]
     """:meth:`request_columns` of the latest requests (a turn asks at each of its decisions)."""
+
+    def gives_any_identifier(self, words: frozenset[str]) -> bool:
+        """Return whether a value the user gave after ``words`` is an id of nothing the tools' identifiers name.
+
+        "My colleague with id USR003": the user calls it an id, and no identifier here identifies a
+        colleague; the user knows the API, so it is one of its identifiers.
+        """
+        return bool(_ID_WORDS & words) and not any(_speaks_of(words, subject) for subject in self.all_subjects)
 
     def request_columns(self, request: str) -> tuple[np.ndarray, np.ndarray]:
         """Return ``named_in_request`` and ``asked_by_verb`` of each tool for a lower-cased request."""
@@ -690,17 +735,22 @@ class _ToolSet(NamedTuple):
 
 
 @functools.lru_cache(maxsize=32)  # a live run ranks one tool set at every decision
-def _tool_set(tools: tuple[tuple[str, str, tuple[str, ...]], ...]) -> _ToolSet:
-    """Return the :class:`_ToolSet` of the tools' (name, description, required arguments), in order."""
+def _tool_set(tools: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...]) -> _ToolSet:
+    """Return the :class:`_ToolSet` of the tools' (name, description, required arguments, described subjects)."""
     index: dict[str, set[int]] = {}
     positions: dict[str, list[int]] = {}
-    for position, (name, description, _) in enumerate(tools):
+    for position, (name, description, _, _) in enumerate(tools):
         positions.setdefault(name, []).append(position)
         for word in _tool_words(name, description):
             index.setdefault(word, set()).add(position)
-    names = [name for name, _, _ in tools]
-    ids = [_identifiers(required) for _, _, required in tools]
-    return _ToolSet(names, ids, [position for position, own in enumerate(ids) if own],
+    names = [name for name, _, _, _ in tools]
+    ids = [_identifiers(required) for _, _, required, _ in tools]
+    subjects: list[tuple[tuple[tuple[str, ...], ...], ...]] = [
+        tuple(((_subject_words(arg), (said,)) if said else (_subject_words(arg),))
+                      for arg, said in zip(own, described, strict=True))
+                for own, (_, _, _, described) in zip(ids, tools, strict=True)]
+    return _ToolSet(names, ids, subjects, frozenset(s for each in subjects for alts in each for s in alts),
+                    [position for position, own in enumerate(ids) if own],
                     {name: np.array(where, dtype=np.intp) for name, where in positions.items()},
                     {word: frozenset(where) for word, where in index.items()},
                     np.array([_is_lookup(name) for name in names], dtype=np.float64),
@@ -787,7 +837,7 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     last = prefix[-1] if prefix else None
     last_call = (last.tool, last.error) if last is not None and last.kind == "tool_call" and last.tool else None
     features = [min(calls_since_request, 20) / 10.0, last_error]
-    named_values = frozenset().union(*(_words_before_values(text) for text in said_by_user))
+    named_values = tuple(dict.fromkeys(words for text in said_by_user for words in _words_before_values(text)))
     # The call just made added its arguments and observation last. Its arguments were known before it:
     # after ``exchange(order_id=...)`` an order id the user gave by value alone does not unblock ``cancel``.
     known_before = "\n".join(known[:-1]).lower() if last_call is not None and not last_call[1] else None

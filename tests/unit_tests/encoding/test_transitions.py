@@ -147,6 +147,8 @@ def test_pair_features_see_named_tools_and_missing_identifiers() -> None:
     ("Move my dentist appointment on Friday, March 14 to 5pm", set()),
     ("Tag my Q3 OKRs note, due 2025-03-14", set()),
     ("Show Ann's last order", set()),
+    # An id of something no identifier here names: the user knows the API, so it may be any of them.
+    ("Message my colleague, id USR003", {"order_id", "reservation_id", "user_id", "item_id"}),
 ])
 def test_a_value_the_user_gave_fills_the_identifiers_its_preceding_words_speak_of(request_text: str,
                                                                                    given: set[str]) -> None:
@@ -157,6 +159,24 @@ def test_a_value_the_user_gave_fills_the_identifiers_its_preceding_words_speak_o
     rows = state_parts(request_text, [], 2).pair_features(tools)
     missing = PAIR_FEATURES.index("missing_ids")
     assert {argument for argument, row in zip(arguments, rows, strict=True) if row[missing] == 0.0} == given
+
+
+def test_a_value_fills_an_identifier_its_description_says_it_identifies() -> None:
+    def send_message(receiver: dict[str, str]) -> ToolSpec:
+        return ToolSpec(name="send_message", description="Send a message to a user.",
+                        parameters={"type": "object", "properties": {"receiver_id": receiver, "text": {}},
+                                    "required": ["receiver_id", "text"]})
+
+    login = ToolSpec(name="message_login", description="Log in a user.",
+                     parameters={"type": "object", "properties": {"user_id": {"type": "string"}},
+                                 "required": ["user_id"]})
+    missing = PAIR_FEATURES.index("missing_ids")
+    request = "Tell my cousin, user id USR002, that dinner is at 8"
+    described = send_message({"type": "string", "description": "User ID of the user to send the message to."})
+    assert state_parts(request, [], 2).pair_features([login, described])[1][missing] == 0.0
+    # Without the description, "user" says nothing of a receiver, and the receiver's id looks missing.
+    plain = send_message({"type": "string"})
+    assert state_parts(request, [], 2).pair_features([login, plain])[1][missing] == 1.0
 
 
 def test_an_identifier_in_a_tool_result_counts_only_by_name() -> None:
