@@ -578,8 +578,8 @@ def _words_before_values(text: str) -> tuple[frozenset[str], ...]:
         for match in _IDENTIFIER_VALUE.finditer(text)))
 
 
-_DESCRIBED_ID = re.compile(r"\b(?:([a-z]+) id|id of (?:the |a |an )?([a-z]+))\b")
-_NOT_A_SUBJECT = frozenset({"the", "a", "an", "unique", "its", "their", "your"})
+_NOT_A_SUBJECT = "(?!(?:the|a|an|its|it|this|their|your|unique)\\b)"
+_DESCRIBED_ID = re.compile(rf"\b(?:{_NOT_A_SUBJECT}([a-z]+) id|id of (?:the |a |an )?{_NOT_A_SUBJECT}([a-z]+))\b")
 
 
 def _described_subjects(tool: ToolSpec) -> tuple[str, ...]:
@@ -601,7 +601,7 @@ def _described_subject(description: str) -> str:
     to send the message to", and the user gives it as "my cousin, user id USR002".
     """
     match = _DESCRIBED_ID.search(description.lower())
-    return next((word for word in (match.groups() if match else ()) if word and word not in _NOT_A_SUBJECT), "")
+    return next((word for word in match.groups() if word), "") if match else ""
 
 
 @functools.lru_cache(maxsize=65536)
