@@ -17,9 +17,14 @@ A setting (``--set section.key=value`` over ``scripts/default_policy.yaml``, as 
 * a policy trained on the default's own training data (:func:`default_training_split`), scored
   on the validation zero-shot suite (:data:`VALIDATION_TASKS`: invented toolsets that no data set
   and no reported figure has) and on the live decisions of its validation split (the episodes
-  ``training.seed`` and ``data.val_fraction`` hold out), per domain.
+  ``training.seed`` and ``data.val_fraction`` hold out), per domain;
+* online BFCL: the same recipe trained without BFCL's training scenarios numbered 1 mod 5
+  (:data:`ONLINE_VALIDATION_MOD`; the test scenarios are 0 mod 5 and never read), rolled out on
+  those scenarios' base variant with gold arguments: turn and task success, as ``evaluate --env
+  bfcl`` reports the test split. It is the one figure here that acts in an environment, where a
+  rule that holds a tool back costs the whole turn.
 
-The README's validation table reads these figures. Each run trains four policies (about 15
+The README's validation table reads these figures. Each run trains five policies (about 20
 minutes on 2 CPU cores); the temperature is the validation split's (``calibration_folds`` 0),
 as in ``benchmarks/transfer.py``.
 
@@ -44,12 +49,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # transfer.py, beside 
 from transfer import VALIDATION, add_recipe_arguments, config_for, run, training_domains  # noqa: E402
 
 from evoharness_agent.encoding.embedder import StateEncoder  # noqa: E402
+from evoharness_agent.envs.registry import load_environment  # noqa: E402
+from evoharness_agent.evaluation.choosers import PolicyChooser  # noqa: E402
 from evoharness_agent.evaluation.offline import evaluate_offline  # noqa: E402
+from evoharness_agent.evaluation.online import evaluate_online  # noqa: E402
 from evoharness_agent.evaluation.zero_shot import evaluate_zero_shot  # noqa: E402
 from evoharness_agent.evaluation.zero_shot_validation import VALIDATION_TASKS  # noqa: E402
 from evoharness_agent.learning.config import TrainConfig  # noqa: E402
 from evoharness_agent.learning.trainer import train_on_episodes, validation_episodes  # noqa: E402
-from evoharness_agent.logs.bundled import all_domain_episodes, default_training_split, tau2_retail_split  # noqa: E402
+from evoharness_agent.logs.bundled import (  # noqa: E402
+    all_domain_episodes,
+    bfcl_scenario_number,
+    default_training_split,
+    tau2_retail_split,
+)
 from evoharness_agent.policy import ToolPolicy  # noqa: E402
 from evoharness_agent.schema import Episode  # noqa: E402
 
@@ -58,6 +71,8 @@ console = Console()
 
 MULTI_TURN = "tau2_retail"
 """The multi-turn validation domain: its training tasks, scored by a policy without its group."""
+ONLINE_VALIDATION_MOD = 1
+"""BFCL's training scenarios numbered this mod 5 are the online validation scenarios (the test ones are 0)."""
 
 
 def measure_multi_turn(episodes: dict[str, list[Episode]], config: TrainConfig, out: Path,
@@ -94,8 +109,26 @@ def measure_default_recipe(episodes: dict[str, list[Episode]], config: TrainConf
                                     for domain, c in live.items()}}}
 
 
+def measure_online_bfcl(episodes: dict[str, list[Episode]], config: TrainConfig, out: Path,
+                        encoder: StateEncoder) -> dict[str, Any]:
+    """Train the default's recipe without BFCL's validation scenarios; return online BFCL's summary on them."""
+    def validation_scenario(episode: Episode) -> bool:
+        return bfcl_scenario_number(episode) % 5 == ONLINE_VALIDATION_MOD
+
+    trained = [episode for domain, group in episodes.items() for episode in default_training_split(group)
+               if not (domain == "bfcl" and validation_scenario(episode))]
+    train_on_episodes(trained, config, out / "bfcl_online", encoder=encoder, show_progress=True)
+    policy = ToolPolicy.load(out / "bfcl_online", encoder=encoder)
+    setup = load_environment("bfcl", variant="base", split="train")
+    tasks = [task for task in setup.tasks if validation_scenario(task)]
+    report = evaluate_online(setup.env, tasks, [PolicyChooser(policy)], env_name="bfcl-base-validation")
+    summary = report.summary()["policy"]
+    return {**summary, "turns": sum(run.turns for run in report.results["policy"]),
+            "turns_succeeded": sum(run.turns_succeeded for run in report.results["policy"])}
+
+
 def print_figures(results: dict[str, Any]) -> None:
-    """Print the left-out domains' row, the multi-turn domain's line and the default recipe's row."""
+    """Print the left-out domains' row, the multi-turn domain's line, the default recipe's row and online BFCL."""
     table = Table(title="validation domains left out")
     for column in ("left out", "top-1", "FINISH acc", "live top-1", "ECE", "coverage at 95%", "similarity"):
         table.add_column(column, justify="right")
@@ -121,10 +154,14 @@ def print_figures(results: dict[str, Any]) -> None:
     domains = ", ".join(f"{d} {c['right']}/{c['decisions']}" for d, c in split["by_domain"].items())
     console.print(f"the default's validation split: {split['right']} of {split['decisions']} live decisions "
                   f"right ({domains}), ECE {split['ece']:.3f}, coverage at 95% {split['coverage_at_95']:.3f}")
+    online = results["online_bfcl"]
+    console.print(f"online BFCL, validation scenarios (base, gold arguments): {online['turns_succeeded']} of "
+                  f"{online['turns']} turns, {online['success_rate']:.3f} of {online['tasks']} scenarios, "
+                  f"invalid calls {online['invalid_call_rate']:.3f}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Train the recipe's three validation policies, print their figures and write JSON."""
+    """Train the recipe's five validation policies, print their figures and write JSON."""
     parser = argparse.ArgumentParser(description=__doc__)
     add_recipe_arguments(parser, Path("runs/validation"))
     args = parser.parse_args(argv)
@@ -134,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = {domain: run(domain, episodes, config, args.out, encoder) for domain in VALIDATION}
     results["multi_turn"] = measure_multi_turn(episodes, config, args.out, encoder)
     results["default_recipe"] = measure_default_recipe(episodes, config, args.out, encoder)
+    results["online_bfcl"] = measure_online_bfcl(episodes, config, args.out, encoder)
     print_figures(results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
