@@ -345,8 +345,7 @@ class StateParts:
         express per tool, and the loop a policy without them falls into.
         """
         request = self.request.lower()
-        tool_set = _tool_set(tuple((tool.name, tool.description or "", _required(tool), _described_subjects(tool))
-                                   for tool in tools))
+        tool_set = _tool_set(tuple(_tool_key(tool) for tool in tools))
         names, ids = tool_set.names, tool_set.ids
         at = tool_set.positions
         # Most columns are the tool set's or the request's; the history touches the few tools it names.
@@ -582,11 +581,11 @@ _NOT_A_SUBJECT = "(?!(?:the|a|an|its|it|this|their|your|unique)\\b)"
 _DESCRIBED_ID = re.compile(rf"\b(?:{_NOT_A_SUBJECT}([a-z]+) id|id of (?:the |a |an )?{_NOT_A_SUBJECT}([a-z]+))\b")
 
 
-def _described_subjects(tool: ToolSpec) -> tuple[str, ...]:
-    """Return the word each identifier argument's description says it identifies ("User ID of ...": user), or ""."""
+def _described_subjects(tool: ToolSpec, ids: tuple[str, ...]) -> tuple[str, ...]:
+    """Return the word each of ``ids`` (the tool's identifier arguments) is described as identifying, or ""."""
     properties = tool.parameters.get("properties") or {}
     out = []
-    for argument in _id_args(tool):
+    for argument in ids:
         spec = properties.get(argument)
         description = spec.get("description") if isinstance(spec, dict) else None
         out.append(_described_subject(description) if isinstance(description, str) else "")
@@ -734,6 +733,12 @@ class _ToolSet(NamedTuple):
         return columns
 
 
+def _tool_key(tool: ToolSpec) -> tuple[str, str, tuple[str, ...], tuple[str, ...]]:
+    """Return what :func:`_tool_set` reads of a tool: name, description, required arguments, described subjects."""
+    required = _required(tool)
+    return tool.name, tool.description or "", required, _described_subjects(tool, _identifiers(required))
+
+
 @functools.lru_cache(maxsize=32)  # a live run ranks one tool set at every decision
 def _tool_set(tools: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ...]) -> _ToolSet:
     """Return the :class:`_ToolSet` of the tools' (name, description, required arguments, described subjects)."""
@@ -747,8 +752,8 @@ def _tool_set(tools: tuple[tuple[str, str, tuple[str, ...], tuple[str, ...]], ..
     ids = [_identifiers(required) for _, _, required, _ in tools]
     subjects: list[tuple[tuple[tuple[str, ...], ...], ...]] = [
         tuple(((_subject_words(arg), (said,)) if said else (_subject_words(arg),))
-                      for arg, said in zip(own, described, strict=True))
-                for own, (_, _, _, described) in zip(ids, tools, strict=True)]
+              for arg, said in zip(own, described, strict=True))
+        for own, (_, _, _, described) in zip(ids, tools, strict=True)]
     return _ToolSet(names, ids, subjects, frozenset(s for each in subjects for alts in each for s in alts),
                     [position for position, own in enumerate(ids) if own],
                     {name: np.array(where, dtype=np.intp) for name, where in positions.items()},
