@@ -101,7 +101,8 @@ PAIR_FEATURES = (
     "calls_in_turn",       # how often it was called in this turn (scaled, capped)
     "named_in_request",    # the request names it (its name, or the words of its name)
     "missing_ids",         # share of its required identifier arguments nothing gave yet (by name; users by a value
-                           # after words that speak of it; or a call that worked of the tool named for it)
+                           # after words that speak of it; or a call that worked of the tool named for it;
+                           # a credential only when the user asks to log in)
     "provides_missing",    # it is named for an identifier another available tool needs and nothing gave yet
     "just_unblocked",      # the call just made gave the last of its required identifiers (missing before it)
     "serves_open_part",    # how much better it matches some part of the request than any tool called in this turn
@@ -136,7 +137,7 @@ IS_LOOKUP = PAIR_FEATURES.index("is_lookup")
 ASKED_BY_VERB = PAIR_FEATURES.index("asked_by_verb")
 ADDED_NOT_CALLED = PAIR_FEATURES.index("added_not_called")
 READS_LISTED = PAIR_FEATURES.index("reads_listed")
-STATE_LAYOUT_VERSION = 14
+STATE_LAYOUT_VERSION = 15
 """Stored in policy metadata: a policy trained on another layout must be retrained, not misread."""
 TOKEN_SHORTLIST = 3
 """Tools per request part that :func:`tool_coverage` matches token by token (the nearest by cosine)."""
@@ -384,10 +385,11 @@ class StateParts:
         # A tool that worked, as the schema the tool set has for its name (the last, if it has several).
         givers = _givers(self.worked, {name: tools[at[name][-1]] for name in self.worked if name in at})
         user_named = frozenset().union(*self.user_named_values)
+        held = _credentials_held(self.task, request)
         subjects = tool_set.subjects
         missing = {position: needed for position in tool_set.with_ids
                    if (needed := _not_given_by_calls(_missing_id_args(ids[position], subjects[position],
-                                                                      self.known_text, user_named),
+                                                                      self.known_text, user_named, held),
                                                      names[position], givers))}
         wanted: dict[tuple[str, ...], list[tuple[str, str]]] = {}
         for position, arguments in missing.items():
@@ -404,7 +406,7 @@ class StateParts:
                              if self.worked[just_called or ""] == 1 else givers)
             for position in tool_set.with_ids:
                 if position not in missing and _not_given_by_calls(
-                        _missing_id_args(ids[position], subjects[position], before, user_named),
+                        _missing_id_args(ids[position], subjects[position], before, user_named, held),
                         names[position], givers_before):
                     out[position, JUST_UNBLOCKED] = 1.0
         return out
@@ -414,6 +416,10 @@ _WORD = re.compile(r"[a-z0-9]+")
 _NAME_PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
 _GENERIC_WORDS = frozenset({"get", "set", "the", "for", "and", "with", "from", "list", "info", "data", "api", "tool"})
 _ID_ARGUMENT = re.compile(r"(?:^|_)(?:id|ids|uuid|token|key)$|[a-z]Id$|ID$")
+_CREDENTIAL = re.compile(r"(?:^|_)(?:token|key)$")
+"""An identifier that proves who calls (``access_token``, ``api_key``) rather than naming a record."""
+_ASKS_TO_LOG_IN = re.compile(r"\b(?:log(?:ging|ged)?|sign(?:ing|ed)?)[ -]?(?:in|on)(?:to)?\b|\bauthenticat")
+"""Words of a request to log in ("log into my account", "sign in", "authenticate with my credentials")."""
 
 
 @functools.lru_cache(maxsize=65536)
@@ -495,10 +501,12 @@ def _id_args(tool: ToolSpec) -> tuple[str, ...]:
 
 
 def _missing_id_args(ids: Sequence[str], subjects: Sequence[tuple[tuple[str, ...], ...]], known_text: str,
-                     user_named: frozenset[str]) -> list[str]:
+                     user_named: frozenset[str], credentials_held: bool) -> list[str]:
     """Return the identifier arguments of ``ids`` (a tool's :func:`_id_args`) that ``known_text`` does not mention.
 
     ``subjects`` holds what each argument identifies (:attr:`_ToolSet.subjects`).
+    ``credentials_held``: the session holds every credential (``access_token``), as an app that
+    is logged in does; only a user who asks to log in has none yet (:func:`_credentials_held`).
 
     An argument is mentioned by its name, with spaces for underscores, or in the singular
     (``item_ids`` by an observation's ``"item_id"`` keys), or without its qualifying words
@@ -508,8 +516,19 @@ def _missing_id_args(ids: Sequence[str], subjects: Sequence[tuple[tuple[str, ...
     ``order_id``). "You are mei_kovacs_8020" speaks of none, and logs then look the user up.
     """
     return [arg for arg, said_as in zip(ids, subjects, strict=True)
-            if not any(form in known_text for form in _id_forms(arg))
+            if not (credentials_held and _CREDENTIAL.search(arg))
+            and not any(form in known_text for form in _id_forms(arg))
             and not any(_speaks_of(user_named, subject) for subject in said_as)]
+
+
+def _credentials_held(task: str, request: str) -> bool:
+    """Return whether the session holds its credentials: neither the task nor the latest request asks to log in.
+
+    In BFCL's travel logs ``book_flight(access_token, ...)`` is called without ``authenticate_travel``
+    92 times in 96: the app is logged in, and nobody gives the token. Counted missing, it held
+    the booking back behind a log-in the user never asked for.
+    """
+    return not (_ASKS_TO_LOG_IN.search(task.lower()) or _ASKS_TO_LOG_IN.search(request))
 
 
 _Giver = tuple[frozenset[str], frozenset[str]]

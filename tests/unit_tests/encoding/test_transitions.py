@@ -179,6 +179,23 @@ def test_a_value_fills_an_identifier_its_description_says_it_identifies() -> Non
     assert state_parts(request, [], 2).pair_features([login, plain])[1][missing] == 1.0
 
 
+def test_a_credential_is_missing_only_when_the_user_asks_to_log_in() -> None:
+    book = ToolSpec(name="book_flight", description="Book a flight.",
+                    parameters={"type": "object", "properties": {"access_token": {"type": "string"},
+                                                                 "flight_id": {"type": "string"}},
+                                "required": ["access_token", "flight_id"]})
+    authenticate = ToolSpec(name="get_access_token", description="Authenticate the saved account.",
+                            parameters={"type": "object", "properties": {}})
+    missing, provides = PAIR_FEATURES.index("missing_ids"), PAIR_FEATURES.index("provides_missing")
+    # A logged-in app holds its token: only the flight id is missing, and nothing waits for a log-in.
+    held = state_parts("Book me a flight to Boston", [], 2).pair_features([book, authenticate])
+    assert held[0][missing] == 0.5 and held[1][provides] == 0.0
+    # Asked to log in, the session has no token yet: the booking waits for the token's lookup.
+    asked = state_parts("Log in to my travel account and book a flight to Boston", [], 2)
+    features = asked.pair_features([book, authenticate])
+    assert features[0][missing] == 1.0 and features[1][provides] == 1.0
+
+
 def test_an_identifier_in_a_tool_result_counts_only_by_name() -> None:
     returns = ToolSpec(name="return_items", description="Return items of an order.",
                        parameters={"type": "object", "properties": {"item_ids": {"type": "array"}},
