@@ -121,10 +121,11 @@ class NetworkConfig:
     ``get_weather`` alone. Never right after a failed call. Logged agents often answer with a part
     open (to ask or confirm; tau-bench retail's logs lack the lookups that serve its "who I am"
     clause), so training learns this weakly. Off (0) unless set; the shipped default sets 2 with a
-    threshold of 0.25, the setting of 1-5 × 0.2-0.4 with the most right validation decisions
-    (validation suite, the default's validation split, stabletoolbench and bfcl_single left out:
-    5,418 of 7,361 against 5,277 without) that keeps the default's validation split (999 of 1,315
-    against 995; threshold 0.2 loses 22 there). Fine-tuning does not inherit it."""
+    threshold of 0.2. 2 with 0.25 was first the setting of 1-5 × 0.2-0.4 with the most right
+    validation decisions that kept the default's validation split, when the similarity was a
+    cosine; read token by token after a call (state layout 9 on), 0.2 gets more right (layout 15's
+    validation policies: stabletoolbench left out and online BFCL validation gain, the split
+    level; ``scripts/default_policy.yaml``). Fine-tuning does not inherit it."""
     open_part_threshold: float = 0.25
     """How much better (token-level similarity, MaxSim) an open tool must serve an unserved request
     part than the called tools do for ``open_part_finish_penalty`` to apply."""
@@ -141,9 +142,11 @@ class NetworkConfig:
     the tool that fits the request best failed (:func:`answer_skips_retry`), and off a tool's score
     right after it was retried, whether the retry worked or failed too (:func:`repeats_retry`):
     try once more (the LLM sees the error and fixes the arguments) rather than give up at the
-    first error, and then stop calling it. Off (0) unless set. The shipped default sets 2, chosen
-    on the validation suite and the default's validation split: 0, 1, 2, 3, 5 get 63, 63, 66, 66,
-    66 of the suite's 90 right and the split's 1,003 of 1,315 each time; online BFCL (gold
+    first error, and then stop calling it. Off (0) unless set. The shipped default sets 3 (2 until
+    state layout 15: with it, online BFCL validation 213 / 215 of 512 turns against 205 / 205 and
+    the validation suite 68 / 69 of 90 against 67 / 67; ``scripts/default_policy.yaml``), first
+    chosen on the validation suite and the default's validation split: 0, 1, 2, 3, 5 got 63, 63,
+    66, 66, 66 of the suite's 90 right and the split's 1,003 of 1,315 each time; online BFCL (gold
     arguments) then takes 8.0 decisions a scenario against 9.1 (invalid calls 0.37 against 0.52),
     with the same successes. FINISH's part alone stops at 65, and after a retry that worked the
     policy called the tool again and again; after any tool's first failure (not only the best
