@@ -143,8 +143,8 @@ class NetworkConfig:
     right after it was retried, whether the retry worked or failed too (:func:`repeats_retry`):
     try once more (the LLM sees the error and fixes the arguments) rather than give up at the
     first error, and then stop calling it. Off (0) unless set. The shipped default sets 3 (2 until
-    state layout 15: with it, online BFCL validation 213 / 215 of 512 turns against 205 / 205 and
-    the validation suite 68 / 69 of 90 against 67 / 67; ``scripts/default_policy.yaml``), first
+    state layout 15: with it alone, online BFCL validation 204 / 215 of 512 turns against 205 / 205
+    and the validation suite 68 / 69 of 90 against 67 / 67; ``scripts/default_policy.yaml``), first
     chosen on the validation suite and the default's validation split: 0, 1, 2, 3, 5 got 63, 63,
     66, 66, 66 of the suite's 90 right and the split's 1,003 of 1,315 each time; online BFCL (gold
     arguments) then takes 8.0 decisions a scenario against 9.1 (invalid calls 0.37 against 0.52),
