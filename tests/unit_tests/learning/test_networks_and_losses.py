@@ -512,6 +512,23 @@ def test_answering_waits_right_after_the_lookup_of_the_best_matching_tool() -> N
     assert answer_waits(similarity, pairs, waiting).squeeze(-1).tolist() == [1.0, 0.0, 1.0]
 
 
+def test_a_first_answer_waits_only_while_some_open_tool_serves_the_request() -> None:
+    column = PAIR_FEATURES.index
+    pairs = torch.zeros(2, 4, N_PAIR_FEATURES)  # find_customer, list_orders, get_weather, FINISH
+    pairs[:, :, column("available")] = 1.0
+    pairs[:, 3, column("is_finish")] = 1.0
+    pairs[:, 1, column("missing_ids")] = 1.0
+    pairs[:, 0, column("provides_missing")] = 1.0  # list_orders waits for find_customer, nothing called yet
+    pairs[0, 1, column("serves_open_part")] = 0.6  # state 0: "list my orders"
+    pairs[1, :3, column("serves_open_part")] = 0.1  # state 1: "thanks, that's all for tonight!"
+    pairs[:, 3, column("serves_open_part")] = 0.9  # FINISH is no tool: it never counts as serving
+    similarity = torch.zeros(2, 4)
+    waiting = waiting_for_prerequisite(pairs)
+    assert answer_waits(similarity, pairs, waiting).squeeze(-1).tolist() == [1.0, 1.0]  # -1: always
+    assert answer_waits(similarity, pairs, waiting, 0.25).squeeze(-1).tolist() == [1.0, 0.0]
+    assert NetworkConfig().prerequisite_fit_threshold == -1.0  # off by default
+
+
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_algorithm_acts_with_the_prerequisite_penalty(name: str) -> None:
     torch.manual_seed(0)
