@@ -478,8 +478,8 @@ def answer_waits(similarity: torch.Tensor, pairs: torch.Tensor, waiting: torch.T
     text cannot keep the agent from answering.
     """
     _, called, open_tools = _real_called_open(pairs)
-    served = (pairs[..., SERVES_OPEN_PART].float() * open_tools).amax(dim=-1, keepdim=True) >= fit_threshold
-    fresh = (1.0 - called.amax(dim=-1, keepdim=True)) * waiting.amax(dim=-1, keepdim=True) * served.float()
+    served = _open_tool_serves(pairs, open_tools, fit_threshold)
+    fresh = (1.0 - called.amax(dim=-1, keepdim=True)) * waiting.amax(dim=-1, keepdim=True) * served
     best = _similarity_among(similarity, open_tools).argmax(dim=-1, keepdim=True)
     unblocked = (pairs[..., JUST_UNBLOCKED].float() * open_tools).gather(-1, best)
     return torch.maximum(fresh, unblocked)
@@ -495,8 +495,7 @@ def answer_leaves_part(pairs: torch.Tensor, threshold: float) -> torch.Tensor:
     from answering then, a policy retries a call that cannot work until the run is cut).
     """
     _, _, open_tools = _real_called_open(pairs)
-    serves = pairs[..., SERVES_OPEN_PART].float() * open_tools
-    return _worked_in_turn(pairs) * (serves.amax(dim=-1, keepdim=True) >= threshold).float()
+    return _worked_in_turn(pairs) * _open_tool_serves(pairs, open_tools, threshold)
 
 
 def answer_skips_action(pairs: torch.Tensor) -> torch.Tensor:
@@ -542,6 +541,11 @@ def repeats_retry(pairs: torch.Tensor) -> torch.Tensor:
     called_again = _calls_in_turn(pairs) >= 2
     failed_again = pairs[..., JUST_CALLED_FAILED].float() * called_again.float()
     return torch.maximum(worked_after_failing, failed_again)
+
+
+def _open_tool_serves(pairs: torch.Tensor, open_tools: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Return ``(B, 1)``: 1 where one of ``open_tools`` serves a request part by ``threshold`` or more."""
+    return ((pairs[..., SERVES_OPEN_PART].float() * open_tools).amax(dim=-1, keepdim=True) >= threshold).float()
 
 
 def _similarity_among(similarity: torch.Tensor, tools: torch.Tensor) -> torch.Tensor:
