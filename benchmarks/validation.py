@@ -16,7 +16,9 @@ A setting (``--set section.key=value`` over ``scripts/default_policy.yaml``, as 
   figure;
 * a policy trained on the default's own training data (:func:`default_training_split`), scored
   on the validation zero-shot suite (:data:`VALIDATION_TASKS`: invented toolsets that no data set
-  and no reported figure has) and on the live decisions of its validation split (the episodes
+  and no reported figure has), on 50 first requests over the same toolsets
+  (:data:`VALIDATION_FIRST_REQUESTS`: a tool, or an answer when none fits) and on the live
+  decisions of its validation split (the episodes
   ``training.seed`` and ``data.val_fraction`` hold out), per domain;
 * online BFCL: the same recipe trained without BFCL's training scenarios numbered 1 mod 5
   (:data:`ONLINE_VALIDATION_MOD`; the test scenarios are 0 mod 5 and never read), rolled out on
@@ -55,7 +57,7 @@ from evoharness_agent.evaluation.choosers import PolicyChooser  # noqa: E402
 from evoharness_agent.evaluation.offline import evaluate_offline  # noqa: E402
 from evoharness_agent.evaluation.online import evaluate_online  # noqa: E402
 from evoharness_agent.evaluation.zero_shot import evaluate_zero_shot  # noqa: E402
-from evoharness_agent.evaluation.zero_shot_validation import VALIDATION_TASKS  # noqa: E402
+from evoharness_agent.evaluation.zero_shot_validation import VALIDATION_FIRST_REQUESTS, VALIDATION_TASKS  # noqa: E402
 from evoharness_agent.learning.config import TrainConfig  # noqa: E402
 from evoharness_agent.learning.trainer import train_on_episodes, validation_episodes  # noqa: E402
 from evoharness_agent.logs.bundled import (  # noqa: E402
@@ -66,7 +68,7 @@ from evoharness_agent.logs.bundled import (  # noqa: E402
     tau2_retail_split,
 )
 from evoharness_agent.policy import ToolPolicy  # noqa: E402
-from evoharness_agent.schema import Episode  # noqa: E402
+from evoharness_agent.schema import FINISH, Episode  # noqa: E402
 
 console = Console()
 
@@ -89,12 +91,13 @@ def measure_multi_turn(episodes: dict[str, list[Episode]], config: TrainConfig, 
 
 def measure_default_recipe(episodes: dict[str, list[Episode]], config: TrainConfig, out: Path,
                            encoder: StateEncoder) -> dict[str, Any]:
-    """Train on the default's training data; return the validation suite's and the validation split's figures."""
+    """Train on the default's training data; return the validation suite's, first requests' and split's figures."""
     trained = [episode for group in episodes.values() for episode in default_training_split(group)]
     train_on_episodes(trained, config, out / "all", encoder=encoder, show_progress=True)
     policy = ToolPolicy.load(out / "all", encoder=encoder)
     suite = evaluate_zero_shot(policy, VALIDATION_TASKS)
     assert suite.calibration is not None  # a policy reports its confidence
+    first = evaluate_zero_shot(policy, VALIDATION_FIRST_REQUESTS).decisions
     split = validation_episodes(trained, config)
     by_domain: dict[str, list[Episode]] = {}
     for episode in split:
@@ -104,6 +107,10 @@ def measure_default_recipe(episodes: dict[str, list[Episode]], config: TrainConf
     calibration = evaluate_offline(policy, split, trained, encoder=encoder).calibration
     return {"suite": {**asdict(suite.overall), "ece": suite.calibration.ece,
                       "coverage_at_95": suite.calibration.coverage_at_95},
+            "first_requests": {"right": sum(d.chosen == d.gold for d in first), "decisions": len(first),
+                               "tool_requests_answered": sum(d.gold != FINISH and d.chosen == FINISH for d in first),
+                               "answers": sum(d.gold == FINISH for d in first),
+                               "answers_right": sum(d.gold == FINISH == d.chosen for d in first)},
             "split": {"right": round(calibration.accuracy * calibration.n_decisions),
                       "decisions": calibration.n_decisions, "ece": calibration.ece,
                       "coverage_at_95": calibration.coverage_at_95,
@@ -170,6 +177,10 @@ def print_figures(results: dict[str, Any]) -> None:
     console.print(f"validation suite: {right} of {suite['n_decisions']} decisions right, task exact {exact} of "
                   f"{suite['n_tasks']}, repeats {suite['repeat_rate']:.3f}, ECE {suite['ece']:.3f}, "
                   f"coverage at 95% {suite['coverage_at_95']:.3f}")
+    first = results["default_recipe"]["first_requests"]
+    console.print(f"first requests: {first['right']} of {first['decisions']} right; of the {first['answers']} to "
+                  f"answer at once {first['answers_right']} answered, and {first['tool_requests_answered']} of the "
+                  f"{first['decisions'] - first['answers']} for a tool answered")
     domains = ", ".join(f"{d} {c['right']}/{c['decisions']}" for d, c in split["by_domain"].items())
     console.print(f"the default's validation split: {split['right']} of {split['decisions']} live decisions "
                   f"right ({domains}), ECE {split['ece']:.3f}, coverage at 95% {split['coverage_at_95']:.3f}")

@@ -3,7 +3,9 @@
 Runs, in one go, over :data:`~evoharness_agent.evaluation.zero_shot.ZERO_SHOT_TASKS` (the reported
 figure) or, with ``--suite validation``, over
 :data:`~evoharness_agent.evaluation.zero_shot_validation.VALIDATION_TASKS` (disjoint tasks and
-tools, the one to choose hyperparameters on):
+tools, the one to choose hyperparameters on), or, with ``--suite first-requests``, over
+:data:`~evoharness_agent.evaluation.zero_shot_validation.VALIDATION_FIRST_REQUESTS` (50 first
+decisions over the validation toolsets: a tool, or an answer when none fits):
 
 * ``policy``: the trained policy (``--policy``, the shipped ``trained/default`` by default);
 * ``embedding_similarity``: tools by similarity to the request, each once, FINISH after
@@ -15,7 +17,7 @@ Bigram and frequency baselines are left out: they count tool names, and no name 
 in any log. Prints the table (and, with ``--misses``, the policy's wrong decisions); writes
 JSON with ``--json``.
 
-Usage: python benchmarks/zero_shot.py [--suite reported|validation] [--policy trained/default]
+Usage: python benchmarks/zero_shot.py [--suite reported|validation|first-requests] [--policy trained/default]
        [--json out.json] [--calls-per-turn 2] [--misses]
 """
 
@@ -36,19 +38,25 @@ from evoharness_agent.evaluation.zero_shot import (
     print_zero_shot,
     random_expectation,
 )
-from evoharness_agent.evaluation.zero_shot_validation import VALIDATION_TASKS, VALIDATION_TOOLSETS
+from evoharness_agent.evaluation.zero_shot_validation import (
+    VALIDATION_FIRST_REQUESTS,
+    VALIDATION_TASKS,
+    VALIDATION_TOOLSETS,
+)
 from evoharness_agent.policy import ToolPolicy
 
 console = Console()
 
-SUITES = {"reported": (ZERO_SHOT_TASKS, ZERO_SHOT_TOOLSETS), "validation": (VALIDATION_TASKS, VALIDATION_TOOLSETS)}
+SUITES = {"reported": (ZERO_SHOT_TASKS, ZERO_SHOT_TOOLSETS), "validation": (VALIDATION_TASKS, VALIDATION_TOOLSETS),
+          "first-requests": (VALIDATION_FIRST_REQUESTS, VALIDATION_TOOLSETS)}
 
 
 def main() -> None:
     """Run the suite for the policy and the baselines, print the table, write JSON."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=sorted(SUITES), default="reported",
-                        help="reported: the figure; validation: the suite to tune on")
+                        help="reported: the figure; validation: the suite to tune on; first-requests: "
+                             "50 first decisions over the validation toolsets (a tool, or an answer)")
     parser.add_argument("--policy", type=Path, default=SHIPPED_POLICY, help="policy directory")
     parser.add_argument("--json", type=Path, default=None, help="write the reports here")
     parser.add_argument("--calls-per-turn", type=int, default=2, help="embedding similarity's calls before FINISH")

@@ -9,7 +9,8 @@ each a native :class:`~evoharness_agent.schema.Episode` with a gold path of 1-4 
 then a reply, with plausible arguments and dict observations. Most calls need an id that an
 earlier call returned (``find_employee_record`` -> ``employee_id`` -> ``get_leave_allowance``),
 some requests name the tool they want, two calls fail and are retried, and three tasks are
-answered at once (small talk, no tool fits).
+answered at once (small talk, no tool fits). :data:`VALIDATION_FIRST_REQUESTS` adds 50 first
+requests over the same toolsets, one decision each: whether a request is for a tool at all.
 
 Score a chooser on it with :func:`~evoharness_agent.evaluation.zero_shot.evaluate_zero_shot`
 (``tasks=VALIDATION_TASKS``) or ``benchmarks/zero_shot.py --suite validation``. Use it to
@@ -24,7 +25,7 @@ from typing import Any
 from evoharness_agent.evaluation.zero_shot import _call, _param, _task, _tool
 from evoharness_agent.schema import Episode, Step, ToolSpec
 
-__all__ = ["VALIDATION_TASKS", "VALIDATION_TOOLSETS"]
+__all__ = ["VALIDATION_FIRST_REQUESTS", "VALIDATION_TASKS", "VALIDATION_TOOLSETS"]
 
 
 # --------------------------------------------------------------------------- toolsets
@@ -536,3 +537,104 @@ _HR_TASKS = [
 VALIDATION_TASKS: tuple[Episode, ...] = (*_TRAVEL_TASKS, *_SMART_HOME_TASKS, *_ISSUE_TASKS, *_BANKING_TASKS,
                                          *_HR_TASKS)
 """The validation tasks, gold paths included; ``metadata["toolset"]`` names each one's toolset."""
+
+
+# --------------------------------------------------------------------------- first requests
+
+
+def _first(toolset: str, number: int, request: str, tool: str | None, arguments: dict[str, Any] | None = None,
+           answer: str = "") -> Episode:
+    """Return a one-decision item: ``request``'s first step over ``toolset``, ``tool`` or (``None``) a reply."""
+    step = (Step(kind="assistant", content=answer) if tool is None
+            else Step(kind="tool_call", tool=tool, arguments=arguments or {}))
+    return Episode(id=f"zero_shot_validation_first_{toolset}_{number}", task=request,
+                   tools=list(VALIDATION_TOOLSETS[toolset]), steps=[step], final_answer=answer,
+                   metadata={"suite": "zero_shot_validation_first", "toolset": toolset})
+
+
+_NO_TOOL = "No tool here does that; I can only help with what these tools cover."
+
+_FIRST_REQUESTS = [
+    _first("travel", 1, "Any direct flights from Dublin to Boston on Thursday, March 20?", "search_flight_offers",
+           {"origin": "DUB", "destination": "BOS", "departure_date": "2025-03-20", "max_stops": 0}),
+    _first("travel", 2, "Would I get anything back if I drop the Amsterdam trip?", "list_my_trips"),
+    _first("travel", 3, "What have I got coming up in May, travel-wise?", "list_my_trips", {"from_date": "2025-05-01"}),
+    _first("travel", 4, "Somewhere to sleep in Porto on June 3 and 4, nothing over 90 a night.", "search_hotel_stays",
+           {"city": "Porto", "check_in": "2025-06-03", "check_out": "2025-06-05", "max_nightly_rate": 90}),
+    _first("travel", 5, "How much luggage comes with offer OF-5521?", "get_flight_offer_details",
+           {"offer_id": "OF-5521"}),
+    _first("travel", 6, "Get Nora Lund on the first morning departure from Oslo to Copenhagen on April 2.",
+           "search_flight_offers", {"origin": "OSL", "destination": "CPH", "departure_date": "2025-04-02"}),
+    _first("travel", 7, "Scrap booking BK-44120, our plans changed.", "cancel_trip_booking",
+           {"booking_id": "BK-44120"}),
+    _first("travel", 8, "Do Canadians need a visa for a two-week holiday in Japan?", None,
+           answer="No: Canadians can visit Japan visa-free for up to 90 days."),
+    _first("travel", 9, "Cheers, that sorts it.", None, answer="Glad to help. Have a good trip!"),
+    _first("travel", 10, "Could you order me a taxi to the airport for 6am?", None, answer=_NO_TOOL),
+    _first("smart_home", 1, "It's freezing in the study, bump it up to 22.", "list_home_devices", {"room": "study"}),
+    _first("smart_home", 2, "Did I leave the garage lights on?", "list_home_devices", {"room": "garage"}),
+    _first("smart_home", 3, "How much electricity did the house use last month?", "get_energy_report",
+           {"period": "month"}),
+    _first("smart_home", 4, "Is device th-204 online?", "get_device_status", {"device_id": "th-204"}),
+    _first("smart_home", 5, "Please lock lock-07.", "set_lock_state", {"device_id": "lock-07", "locked": True}),
+    _first("smart_home", 6, "What's the battery like on the back door lock?", "list_home_devices"),
+    _first("smart_home", 7, "Kill every light downstairs.", "list_home_devices"),
+    _first("smart_home", 8, "What's a good bedroom temperature for sleeping?", None,
+           answer="Around 16-19 °C suits most people."),
+    _first("smart_home", 9, "Goodnight!", None, answer="Goodnight!"),
+    _first("smart_home", 10, "Can you order more light bulbs?", None, answer=_NO_TOOL),
+    _first("issues", 1, "Anything open about login timeouts?", "search_tracker_issues",
+           {"query": "login timeout", "status": "open"}),
+    _first("issues", 2, "Where are we with MOB-88?", "get_tracker_issue", {"issue_id": "MOB-88"}),
+    _first("issues", 3, "File a bug in WEB: the search box ignores accents.", "open_tracker_issue",
+           {"project": "WEB", "title": "Search box ignores accents", "issue_type": "bug"}),
+    _first("issues", 4, "Give API-512 to marco.r.", "assign_tracker_issue",
+           {"issue_id": "API-512", "assignee": "marco.r"}),
+    _first("issues", 5, "WEB-1502 is finished, mark it done.", "transition_tracker_issue",
+           {"issue_id": "WEB-1502", "status": "done"}),
+    _first("issues", 6, "Who's working on what in the MOBILE sprint?", "list_sprint_board", {"project": "MOBILE"}),
+    _first("issues", 7, "The dark-mode ticket: can you push it to in progress?", "search_tracker_issues",
+           {"query": "dark mode"}),
+    _first("issues", 8, "What's the difference between a story and a task in scrum?", None,
+           answer="A story is a user-facing piece of value; a task is a piece of work that delivers part of one."),
+    _first("issues", 9, "ok thanks!", None, answer="You're welcome!"),
+    _first("issues", 10, "Schedule a retro for Friday afternoon.", None, answer=_NO_TOOL),
+    _first("banking", 1, "What's left in my current account?", "list_bank_accounts"),
+    _first("banking", 2, "Put 200 into savings from checking.", "list_bank_accounts"),
+    _first("banking", 3, "Did Netflix take money from my checking this month?", "list_bank_accounts"),
+    _first("banking", 4, "My debit card was stolen, block it now.", "list_payment_cards"),
+    _first("banking", 5, "Dispute transaction TX-55102, I was charged twice.", "dispute_card_charge",
+           {"transaction_id": "TX-55102", "reason": "duplicate"}),
+    _first("banking", 6, "Balance on account ACC-2231?", "get_account_balance", {"account_id": "ACC-2231"}),
+    _first("banking", 7, "Which cards do I have?", "list_payment_cards"),
+    _first("banking", 8, "Should I pay off my credit card before saving?", None,
+           answer="Usually yes: card interest is far higher than savings interest."),
+    _first("banking", 9, "Thank you so much!", None, answer="You're welcome!"),
+    _first("banking", 10, "Apply for a mortgage for me.", None, answer=_NO_TOOL),
+    _first("hr", 1, "How many sick days has Lena Fischer taken this year?", "find_employee_record",
+           {"query": "Lena Fischer"}),
+    _first("hr", 2, "Who's on Omar Haddad's team?", "find_employee_record", {"query": "Omar Haddad"}),
+    _first("hr", 3, "Employee EMP-1042 moved to 3 Quay Street, Galway, H91 X2C4.", "update_home_address",
+           {"employee_id": "EMP-1042", "street": "3 Quay Street", "city": "Galway", "postcode": "H91 X2C4"}),
+    _first("hr", 4, "Payslip for EMP-2210 for March 2025?", "get_payslip_summary",
+           {"employee_id": "EMP-2210", "month": "2025-03"}),
+    _first("hr", 5, "Put in sick leave for EMP-1187 on May 5 and 6.", "submit_leave_request",
+           {"employee_id": "EMP-1187", "leave_type": "sick", "start_date": "2025-05-05", "end_date": "2025-05-06"}),
+    _first("hr", 6, "What's Priya Nair's job title?", "find_employee_record", {"query": "Priya Nair"}),
+    _first("hr", 7, "Which people report to manager EMP-0900?", "list_direct_reports", {"manager_id": "EMP-0900"}),
+    _first("hr", 8, "What's the statutory minimum holiday in the UK?", None,
+           answer="28 days a year for a full-time worker, bank holidays included."),
+    _first("hr", 9, "Great, that's all.", None, answer="Glad to help!"),
+    _first("hr", 10, "Post a job ad for a data engineer.", None, answer=_NO_TOOL),
+]
+
+VALIDATION_FIRST_REQUESTS: tuple[Episode, ...] = tuple(_FIRST_REQUESTS)
+"""One decision each over the validation toolsets: a request's first step, a tool or a reply (no tool fits).
+
+Whether a request is for these tools at all is decided at a turn's first decision; the 30
+tasks test it on three requests. These 50, ten per toolset (seven for a tool, three answered at
+once: small talk, a general question of the toolset's field, an ask no tool covers), test it on
+more, phrased as users write, often with few of the tools' words; the gold tool is the one the
+tasks' paths would start with (the lookup that gives a missing id first). Score them with
+``evaluate_zero_shot(policy, VALIDATION_FIRST_REQUESTS)``: each item is one decision.
+"""

@@ -18,7 +18,11 @@ from evoharness_agent.evaluation.zero_shot import (
     print_zero_shot,
     random_expectation,
 )
-from evoharness_agent.evaluation.zero_shot_validation import VALIDATION_TASKS, VALIDATION_TOOLSETS
+from evoharness_agent.evaluation.zero_shot_validation import (
+    VALIDATION_FIRST_REQUESTS,
+    VALIDATION_TASKS,
+    VALIDATION_TOOLSETS,
+)
 from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
 
 BY_TASK = {task.task: task for task in VALIDATION_TASKS}
@@ -110,6 +114,45 @@ def test_names_are_disjoint_from_the_reported_suite_and_the_bundled_data() -> No
             bundled.update(step.tool for step in episode.steps if step.tool)
     assert len(bundled) > 1000, "the bundled data were read"
     assert not OURS & bundled
+
+
+# --------------------------------------------------------------------------- first requests
+
+
+def test_first_requests_are_one_decision_each_over_the_validation_toolsets() -> None:
+    by_toolset: dict[str, list[Episode]] = {}
+    for item in VALIDATION_FIRST_REQUESTS:
+        by_toolset.setdefault(item.metadata["toolset"], []).append(item)
+        assert len(item.steps) == 1 and item.steps[0].is_decision, item.id
+        assert item.tool_names() == [tool.name for tool in VALIDATION_TOOLSETS[item.metadata["toolset"]]]
+    assert {name: len(items) for name, items in by_toolset.items()} == {name: 10 for name in VALIDATION_TOOLSETS}
+    for name, items in by_toolset.items():
+        assert sum(item.steps[0].action == FINISH for item in items) == 3, name
+    requests = [item.task for item in VALIDATION_FIRST_REQUESTS]
+    assert len(set(requests)) == len(requests) and len({item.id for item in VALIDATION_FIRST_REQUESTS}) == 50
+    assert not set(requests) & ({task.task for task in VALIDATION_TASKS} | {task.task for task in ZERO_SHOT_TASKS})
+
+
+def test_a_first_request_calls_a_tool_that_needs_an_id_only_when_the_request_gives_it() -> None:
+    for item in VALIDATION_FIRST_REQUESTS:
+        step = item.steps[0]
+        if step.kind != "tool_call":
+            continue
+        tool = next(tool for tool in item.tools if tool.name == step.tool)
+        required = set(tool.parameters.get("required") or [])
+        assert required <= set(step.arguments), (item.id, required - set(step.arguments))
+        for key, value in id_arguments(step.arguments):
+            assert value in item.task, (item.id, key, value)
+
+
+def test_scoring_first_requests(encoder: StateEncoder) -> None:
+    report = evaluate_zero_shot(EmbeddingChooser(encoder, calls_per_turn=2), VALIDATION_FIRST_REQUESTS)
+    assert report.overall.n_decisions == report.overall.n_tasks == 50
+    # Similarity calls a tool first whatever the request: never right where the answer is due.
+    assert all(decision.chosen != FINISH for decision in report.decisions)
+    answers = [decision for decision in report.decisions if decision.gold == FINISH]
+    assert len(answers) == 15 and not any(decision.correct for decision in answers)
+    assert 0.0 < report.overall.step_accuracy <= 35 / 50
 
 
 # --------------------------------------------------------------------------- scoring it
