@@ -326,6 +326,16 @@ class StateParts:
     earlier turn stays unread for good once the user moved on (tau-bench airline's reservations)."""
     called_with: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     """The values each (tool, identifier argument) was called with earlier in the episode."""
+    failed_asking: dict[str, str] = field(default_factory=dict)
+    """Tools whose latest call since the latest user message failed, no call its error asks for working since: each
+    one's error, lower-cased.
+
+    An error may say what the call lacks: "No user is currently logged in.", "Please authenticate
+    before posting.", "All doors must be locked before starting the engine.". A tool it asks for
+    (:func:`_error_asks_for`) is then the failed tool's prerequisite, as a lookup that gives a
+    missing identifier is: the policy calls it rather than retry the call or give up."""
+    unblocked_by_call: frozenset[str] = frozenset()
+    """The tools of :attr:`failed_asking` that the call just made (it worked) gave what their error asked for."""
 
     def fixed_slot_texts(self, tool_text: Callable[[str], str]) -> list[str | None]:
         """Return the text of each of the :data:`FIXED_SLOTS` in order (``None`` for an empty one).
@@ -380,6 +390,14 @@ class StateParts:
         just_called, just_failed = self.last_call if self.last_call is not None else (None, False)
         if just_called is not None:
             out[at.get(just_called, _NOWHERE), JUST_CALLED_FAILED if just_failed else JUST_CALLED_OK] = 1.0
+        for failed_tool, error in self.failed_asking.items():
+            asked = [position for position, name in enumerate(names)
+                     if is_open[position] and name != failed_tool and _error_asks_for(name, error)]
+            if asked:
+                out[at.get(failed_tool, _NOWHERE), MISSING_IDS] = 1.0
+                out[asked, PROVIDES_MISSING] = 1.0
+        for name in self.unblocked_by_call:
+            out[at.get(name, _NOWHERE), JUST_UNBLOCKED] = 1.0
         if not tool_set.with_ids or any(tool_set.gives_any_identifier(words) for words in self.user_named_values):
             return out
         # A tool that worked, as the schema the tool set has for its name (the last, if it has several).
@@ -393,7 +411,7 @@ class StateParts:
                                                      names[position], givers))}
         wanted: dict[tuple[str, ...], list[tuple[str, str]]] = {}
         for position, arguments in missing.items():
-            out[position, MISSING_IDS] = len(arguments) / len(ids[position])
+            out[position, MISSING_IDS] = max(out[position, MISSING_IDS], len(arguments) / len(ids[position]))
             if is_open[position] and names[position] != FINISH:
                 for argument in arguments:
                     wanted.setdefault(_subject_words(argument), []).append((names[position], argument))
@@ -519,6 +537,42 @@ def _missing_id_args(ids: Sequence[str], subjects: Sequence[tuple[tuple[str, ...
             if not (credentials_held and _CREDENTIAL.search(arg))
             and not any(form in known_text for form in _id_forms(arg))
             and not any(_speaks_of(user_named, subject) for subject in said_as)]
+
+
+_LOG_IN_WORDS = frozenset({"login", "logon", "signin", "authenticate", "auth"})
+
+
+@functools.lru_cache(maxsize=65536)
+def _is_log_in_tool(name: str) -> bool:
+    """Return whether a tool logs the user in: ``message_login``, ``authenticate_twitter``, ``logIn``.
+
+    Not a lookup of the log-in state (``get_login_status``): its name has a lookup verb.
+    """
+    words = [word.lower() for word in _NAME_PARTS.findall(name)]
+    joined = {first + second for first, second in zip(words, words[1:], strict=False)}
+    return bool(_LOG_IN_WORDS & (set(words) | joined)) and not LOOKUP_VERBS & set(words)
+
+
+def _asks_to_log_in(error: str) -> bool:
+    """Return whether a (lower-cased) failed call's result says the user must log in first ("not authenticated")."""
+    return bool(_ASKS_TO_LOG_IN.search(error) or "unauthori" in error)
+
+
+@functools.lru_cache(maxsize=4096)
+def _error_asks_for(name: str, error: str) -> bool:
+    """Return whether a (lower-cased) error asks for tool ``name``: a log-in, or every word of its name.
+
+    "All doors must be locked before starting the engine." asks for ``lockDoors`` (a word counts
+    in any form it starts: locked); "Please authenticate before posting." for a log-in tool
+    (:func:`_is_log_in_tool`). A name of one word (``cat``, ``send``) is too common a word to count.
+    """
+    if _is_log_in_tool(name) and _asks_to_log_in(error):
+        return True
+    words = _name_words(name)
+    if len(words) < 2:
+        return False
+    said = _WORD.findall(error)
+    return all(any(word == w or (len(w) >= 4 and word.startswith(w)) for word in said) for w in words)
 
 
 def _credentials_held(task: str, request: str) -> bool:
@@ -831,10 +885,13 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     added: set[str] = set()
     listed: dict[str, frozenset[str]] = {}
     called_with: dict[tuple[str, str], set[str]] = {}
+    failed_asking: dict[str, str] = {}
+    unblocked_by_call: frozenset[str] = frozenset()
     for step in prefix:
         if step.kind == "user":
             request, calls_since_request, counts, failed = step.content, 0, Counter(), set()
             added, listed = set(step.tools_added), {}
+            failed_asking, unblocked_by_call = {}, frozenset()
             known.append(step.content)
             said_by_user.append(step.content)
             continue
@@ -851,6 +908,14 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
                 if _ID_ARGUMENT.search(argument):  # only identifiers are looked up (``reads_listed``)
                     given = value if isinstance(value, list) else [value]
                     called_with.setdefault((step.tool, argument), set()).update(str(item) for item in given)
+            unblocked_by_call = frozenset()
+            if step.error:
+                failed_asking = {**failed_asking, step.tool: step.observation.lower()}
+            elif failed_asking:
+                unblocked_by_call = frozenset(tool for tool, error in failed_asking.items()
+                                              if tool != step.tool and _error_asks_for(step.tool, error))
+                failed_asking = {tool: error for tool, error in failed_asking.items()
+                                 if tool != step.tool and tool not in unblocked_by_call}
             if step.error:
                 failed.add(step.tool)
             else:
@@ -867,7 +932,7 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
     known_before = "\n".join(known[:-1]).lower() if last_call is not None and not last_call[1] else None
     return StateParts(task, request, history[::-1][:history_window], features, previous_tool, before,
                       counts, failed, last_call, "\n".join(known).lower(), named_values, known_before, worked,
-                      added, listed, called_with)
+                      added, listed, called_with, failed_asking, unblocked_by_call)
 
 
 def decisions(episode: Episode, history_window: int) -> list[Decision]:

@@ -216,10 +216,12 @@ class BFCLEnvironment(ToolUseEnv):
         The k-th call to ``tool`` in the current turn gets the arguments of the k-th gold
         call to ``tool`` in the turn. A tool with no such gold call is a wrong choice and
         gets empty arguments (it usually fails). This isolates tool choice from arguments.
+        A call that failed does not use its gold arguments up: called again (after logging in,
+        say) it gets them again, as an LLM filling the arguments would give them again.
         """
         if tool == FINISH:
             return ToolAction.finish()
-        used = sum(1 for step in self.turn_steps() if step.tool == tool)
+        used = sum(1 for step in self.turn_steps() if step.tool == tool and not step.error)
         calls = [action for action in self.gold[self.turn] if action.tool == tool]
         if used < len(calls):
             return ToolAction(tool, copy.deepcopy(calls[used].arguments))

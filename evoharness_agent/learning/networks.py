@@ -53,7 +53,8 @@ from evoharness_agent.encoding.state import (
 
 __all__ = ["BONUSES", "DECISION_RULE", "PENALTIES", "NetworkConfig", "StateValue", "ToolScorer", "answer_leaves_part",
            "answer_skips_action", "answer_skips_retry", "answer_waits", "below_providers", "masked_log_softmax",
-           "masked_scores", "repeats_retry", "tower_ranking_narrowed", "waiting_for_prerequisite"]
+           "masked_scores", "provider_after_failure", "repeats_retry", "tower_ranking_narrowed",
+           "waiting_for_prerequisite"]
 
 PENALTIES = ("prerequisite_penalty", "prerequisite_finish_penalty", "open_part_finish_penalty",
              "asked_action_finish_penalty", "retry_penalty")
@@ -111,9 +112,11 @@ class NetworkConfig:
     """Taken off FINISH's score when the policy acts, while answering would leave a prerequisite
     chain half done (:func:`answer_waits`): at a turn's first decision while a tool waits for an
     open lookup, and right after the lookup that gave the best-matching tool its identifier. Look
-    the customer up, then list their orders, rather than answer. Off (0) unless set; the shipped
-    default sets 3, chosen on the validation suite and domains: 0, 1, 2, 3, 5 give the
-    validation suite 0.511, 0.611, 0.644, 0.656, 0.656. Fine-tuning does not inherit it."""
+    the customer up, then list their orders, rather than answer. Also right after a call that
+    failed for want of what an open tool gives (its error asks for it: "No user is currently logged
+    in.", a log-in), and right after that tool's call gave it: log in, then call it again. Off (0)
+    unless set; the shipped default sets 3, chosen on the validation suite and domains: 0, 1, 2, 3,
+    5 give the validation suite 0.511, 0.611, 0.644, 0.656, 0.656. Fine-tuning does not inherit it."""
     prerequisite_fit_threshold: float = -1.0
     """At a turn's first decision, ``prerequisite_finish_penalty`` applies only while some open tool
     serves a part of the request by at least this much (``serves_open_part``: before a call, the
@@ -362,6 +365,7 @@ class ToolScorer(nn.Module):
                 scores = scores - penalty.to(scores.dtype)
                 if self.prerequisite_penalty:
                     scores = below_providers(scores, pairs, waiting)
+                    scores = provider_after_failure(scores, pairs, waiting)
         return scores
 
     def _candidate_scores(self, states: torch.Tensor, tool_embeddings: torch.Tensor, tool_ids: torch.Tensor | None,
@@ -469,6 +473,27 @@ def below_providers(scores: torch.Tensor, pairs: torch.Tensor, waiting: torch.Te
     return torch.where(waiting > 0, torch.minimum(scores, best - PROVIDER_MARGIN), scores)
 
 
+def provider_after_failure(scores: torch.Tensor, pairs: torch.Tensor, waiting: torch.Tensor) -> torch.Tensor:
+    """Return ``scores`` with the best open provider ranked first where the call just made failed and its tool waits.
+
+    "No user is currently logged in.": the error asks for the log-in (``state._error_asks_for``),
+    and a tool that merely fits the request better (``add_contact`` after ``view_messages_sent``
+    failed so) would fail the same way. Ranking the failed tool below its providers
+    (:func:`below_providers`) is not enough for that.
+    """
+    real, _, open_tools = _real_called_open(pairs)
+    providers = pairs[..., PROVIDES_MISSING].float() * open_tools * _failed_waits(pairs, waiting)
+    best = masked_scores(scores, providers > 0).argmax(dim=-1, keepdim=True)
+    first = torch.zeros_like(scores).scatter(-1, best, 1.0) * (providers.amax(dim=-1, keepdim=True) > 0)
+    top = masked_scores(scores, real > 0).amax(dim=-1, keepdim=True)
+    return torch.where(first > 0, torch.maximum(scores, top + PROVIDER_MARGIN), scores)
+
+
+def _failed_waits(pairs: torch.Tensor, waiting: torch.Tensor) -> torch.Tensor:
+    """Return ``(B, 1)``: 1 where the call just made failed and its tool waits for a prerequisite."""
+    return (pairs[..., JUST_CALLED_FAILED].float() * waiting).amax(dim=-1, keepdim=True)
+
+
 def answer_waits(similarity: torch.Tensor, pairs: torch.Tensor, waiting: torch.Tensor,
                  fit_threshold: float = -1.0) -> torch.Tensor:
     """Return ``(B, 1)``: 1 where answering now would leave a prerequisite chain half done.
@@ -477,15 +502,21 @@ def answer_waits(similarity: torch.Tensor, pairs: torch.Tensor, waiting: torch.T
     :func:`waiting_for_prerequisite`) and some open tool serves a part of the request by at least
     ``fit_threshold`` (``serves_open_part``; a request no tool serves is answered), or the call
     just made gave the identifier of the open tool that matches the request best (``similarity``:
-    each tool's with the request). Never later: an identifier an environment keeps out of the
-    text cannot keep the agent from answering.
+    each tool's with the request), or the call just made failed and its tool now waits for a
+    provider (its error asked for one: a log-in), or the call just made gave what a tool that
+    failed in this turn lacked. Never later: an identifier an environment keeps out of the text
+    cannot keep the agent from answering.
     """
     _, called, open_tools = _real_called_open(pairs)
     served = _open_tool_serves(pairs, open_tools, fit_threshold)
     fresh = (1.0 - called.amax(dim=-1, keepdim=True)) * waiting.amax(dim=-1, keepdim=True) * served
     best = _similarity_among(similarity, open_tools).argmax(dim=-1, keepdim=True)
     unblocked = (pairs[..., JUST_UNBLOCKED].float() * open_tools).gather(-1, best)
-    return torch.maximum(fresh, unblocked)
+    # A call that failed for want of a prerequisite ("No user is currently logged in.") is half a
+    # chain too: get what it lacks, then call it again.
+    failed_waits = _failed_waits(pairs, waiting)
+    failed_unblocked = (pairs[..., JUST_UNBLOCKED] * pairs[..., FAILED_IN_TURN]).float().amax(dim=-1, keepdim=True)
+    return torch.stack([fresh, unblocked, failed_waits, failed_unblocked]).amax(dim=0)
 
 
 def answer_leaves_part(pairs: torch.Tensor, threshold: float) -> torch.Tensor:

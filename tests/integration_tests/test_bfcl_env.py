@@ -177,6 +177,23 @@ def test_gold_action_isolates_tool_choice() -> None:
     assert info["turn_success"] is True  # the failed rmdir changed nothing
 
 
+def test_a_failed_call_keeps_its_gold_arguments_for_the_retry() -> None:
+    env = BFCLEnvironment(base("multi_turn_base_1"))
+    env.reset()
+    env.step(env.gold_action("ls"))
+    env.step(ToolAction.finish())
+    move = env.gold_action("mv")
+    obs, *_ = env.step(move)  # before the cd: log.txt is not in this directory
+    assert obs.last_step is not None and obs.last_step.error
+    assert env.gold_action("mv") == move  # the retry gets them again, as an LLM would give them again
+    env.step(env.gold_action("cd"))
+    obs, *_ = env.step(env.gold_action("mv"))
+    assert obs.last_step is not None and not obs.last_step.error
+    assert env.gold_action("mv") == ToolAction("mv")  # a call that worked used them up
+    _, _, _, _, info = env.step(ToolAction.finish())
+    assert info["turn_success"] is True
+
+
 def test_missing_function_becomes_available_later() -> None:
     episode = episodes("miss_func")["multi_turn_miss_func_1"]
     (added_turn, names), = episode.metadata["missed_function"].items()

@@ -196,6 +196,50 @@ def test_a_credential_is_missing_only_when_the_user_asks_to_log_in() -> None:
     assert features[0][missing] == 1.0 and features[1][provides] == 1.0
 
 
+def test_a_call_that_asks_to_log_in_waits_for_a_log_in_tool() -> None:
+    def tool(name: str, *required: str) -> ToolSpec:
+        return ToolSpec(name=name, description=f"{name}.", parameters={
+            "type": "object", "properties": {arg: {"type": "string"} for arg in required}, "required": list(required)})
+
+    tools = [tool("post_tweet", "content"), tool("authenticate_twitter", "username", "password"),
+             tool("posting_get_login_status"), tool("get_tweet", "tweet_id")]
+    missing, provides = PAIR_FEATURES.index("missing_ids"), PAIR_FEATURES.index("provides_missing")
+    unblocked = PAIR_FEATURES.index("just_unblocked")
+    request = "Post 'Postponing my plans.' for me; my username is john and my password john1234"
+    failed = Step(tool="post_tweet", arguments={"content": "Postponing my plans."}, error=True,
+                  observation='{"error": "User not authenticated. Please authenticate before posting."}')
+    rows = state_parts(request, [failed], 2).pair_features(tools)
+    assert rows[0][missing] == 1.0 and rows[1][provides] == 1.0
+    assert rows[2][provides] == 0.0  # a lookup of the log-in state logs no one in
+    logged_in = Step(tool="authenticate_twitter", arguments={"username": "john", "password": "john1234"},
+                     observation='{"authentication_status": true}')
+    rows = state_parts(request, [failed, logged_in], 2).pair_features(tools)
+    assert rows[0][missing] == 0.0 and rows[1][provides] == 0.0 and rows[0][unblocked] == 1.0
+    # Any other error, or a new request, leaves nothing waiting for a log-in.
+    other = failed.model_copy(update={"observation": '{"error": "Tweet too long."}'})
+    assert state_parts(request, [other], 2).pair_features(tools)[0][missing] == 0.0
+    moved_on = [failed, Step(kind="assistant", content="Log in first."), Step(kind="user", content="Never mind.")]
+    assert state_parts(request, moved_on, 2).pair_features(tools)[0][missing] == 0.0
+
+
+def test_a_call_waits_for_the_tool_its_error_asks_for() -> None:
+    tools = [ToolSpec(name=name, description=f"{name}.", parameters={"type": "object", "properties": {}})
+             for name in ("startEngine", "lockDoors", "pressBrakePedal", "releaseBrakePedal", "cat")]
+    missing, provides = PAIR_FEATURES.index("missing_ids"), PAIR_FEATURES.index("provides_missing")
+    unblocked = PAIR_FEATURES.index("just_unblocked")
+    failed = Step(tool="startEngine", arguments={"ignitionMode": "START"}, error=True,
+                  observation='{"error": "All doors must be locked before starting the engine."}')
+    rows = state_parts("Start the car", [failed], 2).pair_features(tools)
+    # Every word of lockDoors' name, in any form it starts ("locked"); not of releaseBrakePedal's.
+    assert [row[provides] for row in rows] == [0.0, 1.0, 0.0, 0.0, 0.0] and rows[0][missing] == 1.0
+    locked = Step(tool="lockDoors", arguments={"unlock": False}, observation='{"lockStatus": "locked"}')
+    rows = state_parts("Start the car", [failed, locked], 2).pair_features(tools)
+    assert rows[0][missing] == 0.0 and rows[0][unblocked] == 1.0
+    # Its own name in its error asks for nothing, nor does a name of one word.
+    own = Step(tool="cat", arguments={}, error=True, observation="cat() missing 1 required positional argument")
+    assert not any(row[provides] for row in state_parts("Show notes.txt", [own], 2).pair_features(tools))
+
+
 def test_an_identifier_in_a_tool_result_counts_only_by_name() -> None:
     returns = ToolSpec(name="return_items", description="Return items of an order.",
                        parameters={"type": "object", "properties": {"item_ids": {"type": "array"}},

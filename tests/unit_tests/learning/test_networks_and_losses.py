@@ -27,6 +27,7 @@ from evoharness_agent.learning.networks import (
     below_providers,
     masked_log_softmax,
     masked_scores,
+    provider_after_failure,
     repeats_retry,
     tower_ranking_narrowed,
     waiting_for_prerequisite,
@@ -510,6 +511,42 @@ def test_answering_waits_right_after_the_lookup_of_the_best_matching_tool() -> N
     waiting = waiting_for_prerequisite(pairs)
     assert waiting.sum() == 0.0
     assert answer_waits(similarity, pairs, waiting).squeeze(-1).tolist() == [1.0, 0.0, 1.0]
+
+
+def test_answering_waits_while_a_failed_call_waits_for_what_it_lacks() -> None:
+    column = PAIR_FEATURES.index
+    pairs = torch.zeros(3, 3, N_PAIR_FEATURES)  # send_message (called), message_login, FINISH
+    pairs[:, :, column("available")] = 1.0
+    pairs[:, 2, column("is_finish")] = 1.0
+    pairs[:, 0, column("called_in_turn")] = 1.0
+    pairs[:, 0, column("failed_in_turn")] = 1.0
+    pairs[0, 0, column("just_called_failed")] = 1.0  # state 0: "No user is currently logged in."
+    pairs[0, 0, column("missing_ids")] = 1.0
+    pairs[0, 1, column("provides_missing")] = 1.0
+    pairs[1, 1, column("called_in_turn")] = 1.0  # state 1: the log-in just worked
+    pairs[1, 0, column("just_unblocked")] = 1.0
+    pairs[2, 0, column("just_called_failed")] = 1.0  # state 2: failed for another reason: nothing to wait for
+    similarity = torch.zeros(3, 3)
+    waiting = waiting_for_prerequisite(pairs)
+    assert waiting[:, 0].tolist() == [1.0, 0.0, 0.0]
+    assert answer_waits(similarity, pairs, waiting).squeeze(-1).tolist() == [1.0, 1.0, 0.0]
+
+
+def test_after_a_call_failed_for_want_of_a_prerequisite_its_provider_ranks_first() -> None:
+    column = PAIR_FEATURES.index
+    pairs = torch.zeros(2, 4, N_PAIR_FEATURES)  # view_messages_sent (called), message_login, add_contact, FINISH
+    pairs[:, :, column("available")] = 1.0
+    pairs[:, 3, column("is_finish")] = 1.0
+    pairs[:, 0, column("called_in_turn")] = 1.0
+    pairs[:, 0, column("just_called_failed")] = 1.0  # "No user is currently logged in."
+    pairs[:, 1, column("provides_missing")] = 1.0
+    pairs[0, 0, column("missing_ids")] = 1.0  # state 0: the error asked for the log-in
+    scores = torch.tensor([[6.0, 3.0, 7.0, 9.0], [6.0, 3.0, 7.0, 9.0]])
+    waiting = waiting_for_prerequisite(pairs)
+    ranked = provider_after_failure(below_providers(scores, pairs, waiting), pairs, waiting)
+    # The log-in now leads every tool (answering is answer_waits' call), the failed call below it.
+    assert ranked[0].tolist() == pytest.approx([3.0 - PROVIDER_MARGIN, 7.0 + PROVIDER_MARGIN, 7.0, 9.0])
+    assert torch.equal(ranked[1], scores[1])  # state 1: failed for another reason: as it was
 
 
 def test_a_first_answer_waits_only_while_some_open_tool_serves_the_request() -> None:
