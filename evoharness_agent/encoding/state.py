@@ -571,8 +571,14 @@ def _error_asks_for(name: str, error: str) -> bool:
     words = _name_words(name)
     if len(words) < 2:
         return False
-    said = _WORD.findall(error)
+    said = _error_words(error)
     return all(any(word == w or (len(w) >= 4 and word.startswith(w)) for word in said) for w in words)
+
+
+@functools.lru_cache(maxsize=256)
+def _error_words(error: str) -> frozenset[str]:
+    """Return the distinct words of a (lower-cased) error, read once for every tool it is matched with."""
+    return frozenset(_WORD.findall(error))
 
 
 def _credentials_held(task: str, request: str) -> bool:
