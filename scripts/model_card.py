@@ -59,6 +59,12 @@ def _step_encoder(meta: dict[str, Any]) -> str:
     return f", history steps embedded by `{meta['step_encoder']}` ({size / 1e6:.1f} MB)"
 
 
+def _asked_threshold(network: dict[str, Any]) -> str:
+    """Return " (T for a tool the request asks for)" when the network sets its own threshold for those, else ""."""
+    asked = network.get("open_part_asked_threshold")
+    return "" if asked is None else f" ({asked} for a tool the request asks for by its verb or names)"
+
+
 def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path, shipped_sha256: str) -> list[str]:
     """Return the data / algorithm / size section (``shipped_sha256``: the sha256 of ``weights``)."""
     lines = ["## What it is", ""]
@@ -95,7 +101,7 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path,
                      "for a tool, a log-in say, which then ranks first, until that tool and the call again), "
                      "and answering after a call "
                      f"while an open tool serves a request part no called tool serves by at least "
-                     f"{network.get('open_part_threshold', 0.25)} loses "
+                     f"{network.get('open_part_threshold', 0.25)}{_asked_threshold(network)} loses "
                      f"{network.get('open_part_finish_penalty', 0.0)}, "
                      "answering while only lookups ran and the request's verb names an open action loses "
                      f"{network.get('asked_action_finish_penalty', 0.0)}, "

@@ -121,6 +121,7 @@ class ModelSection(_Section):
     prerequisite_fit_threshold: float = Field(default=NetworkConfig.prerequisite_fit_threshold, ge=-1.0, le=1.0)
     open_part_finish_penalty: float = Field(default=NetworkConfig.open_part_finish_penalty, ge=0.0)
     open_part_threshold: float = Field(default=NetworkConfig.open_part_threshold, ge=-2.0, le=2.0)
+    open_part_asked_threshold: float | None = Field(default=NetworkConfig.open_part_asked_threshold, ge=-2.0, le=2.0)
     asked_action_finish_penalty: float = Field(default=NetworkConfig.asked_action_finish_penalty, ge=0.0)
     retry_penalty: float = Field(default=NetworkConfig.retry_penalty, ge=0.0)
     reads_listed_bonus: float = Field(default=NetworkConfig.reads_listed_bonus, ge=0.0)

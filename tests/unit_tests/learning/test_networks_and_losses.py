@@ -609,6 +609,16 @@ def test_answering_is_put_off_while_a_call_left_a_request_part_to_an_open_tool()
     pairs[0, 1, column("available")] = 0.0  # a tool that is not available serves nothing
     assert answer_leaves_part(pairs, 0.25)[0].item() == 0.0
     pairs[0, 1, column("available")] = 1.0
+    # A tool the request asks for by its verb, or names, needs less: state 2's 0.2 is enough then.
+    assert answer_leaves_part(pairs, 0.25, 0.1).squeeze(-1).tolist() == [1.0, 0.0, 0.0, 0.0]
+    pairs[2, 1, column("asked_by_verb")] = 1.0  # "... and convert it"
+    assert answer_leaves_part(pairs, 0.25, 0.1).squeeze(-1).tolist() == [1.0, 0.0, 1.0, 0.0]
+    pairs[2, 1, column("asked_by_verb")] = 0.0
+    pairs[2, 1, column("named_in_request")] = 0.5  # half of convert_temperature's words: "temperature"
+    assert answer_leaves_part(pairs, 0.25, 0.1).squeeze(-1).tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert answer_leaves_part(pairs, 0.25).squeeze(-1).tolist() == [1.0, 0.0, 0.0, 0.0]  # None: one threshold
+    pairs[2, 1, column("named_in_request")] = 0.0
+    assert NetworkConfig().open_part_asked_threshold is None
     states = torch.randn(4, 3 * d + 2)
     with torch.no_grad():
         put_off = scorer(states, tools, None, pairs) - scorer(states, tools, None, pairs, acting=True)
