@@ -914,17 +914,15 @@ def state_parts(task: str, prefix: Sequence[Step], history_window: int) -> State
                 if _ID_ARGUMENT.search(argument):  # only identifiers are looked up (``reads_listed``)
                     given = value if isinstance(value, list) else [value]
                     called_with.setdefault((step.tool, argument), set()).update(str(item) for item in given)
-            unblocked_by_call = frozenset()
-            if step.error:
-                failed_asking = {**failed_asking, step.tool: step.observation.lower()}
-            elif failed_asking:
-                unblocked_by_call = frozenset(tool for tool, error in failed_asking.items()
-                                              if tool != step.tool and _error_asks_for(step.tool, error))
-                failed_asking = {tool: error for tool, error in failed_asking.items()
-                                 if tool != step.tool and tool not in unblocked_by_call}
             if step.error:
                 failed.add(step.tool)
+                failed_asking[step.tool] = step.observation.lower()
+                unblocked_by_call = frozenset()
             else:
+                unblocked_by_call = frozenset(tool for tool, error in failed_asking.items()
+                                              if tool != step.tool and _error_asks_for(step.tool, error))
+                for tool in unblocked_by_call | {step.tool}:
+                    failed_asking.pop(tool, None)
                 worked[step.tool] += 1
                 for key, values in _listed_values(step.observation):
                     listed[key] = listed.get(key, _NO_VALUES) | values
