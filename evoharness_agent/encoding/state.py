@@ -553,9 +553,19 @@ def _is_log_in_tool(name: str) -> bool:
     return bool(_LOG_IN_WORDS & (set(words) | joined)) and not LOOKUP_VERBS & set(words)
 
 
+_CREDENTIAL_WORD = re.compile(r"\b(?:token|session|credentials?)\b")
+_NOT_VALID = re.compile(r"\b(?:expired|invalid|not initiali[sz]ed|missing|revoked)\b")
+
+
 def _asks_to_log_in(error: str) -> bool:
-    """Return whether a (lower-cased) failed call's result says the user must log in first ("not authenticated")."""
-    return bool(_ASKS_TO_LOG_IN.search(error) or "unauthori" in error)
+    """Return whether a (lower-cased) failed call's result says the user must log in first.
+
+    "Not authenticated", "401 Unauthorized", or a credential that is no longer good ("Token
+    expired", "Invalid access token", "Token not initialized": BFCL's travel API before
+    ``authenticate_travel``).
+    """
+    return bool(_ASKS_TO_LOG_IN.search(error) or "unauthori" in error
+                or (_CREDENTIAL_WORD.search(error) and _NOT_VALID.search(error)))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -222,6 +222,24 @@ def test_a_call_that_asks_to_log_in_waits_for_a_log_in_tool() -> None:
     assert state_parts(request, moved_on, 2).pair_features(tools)[0][missing] == 0.0
 
 
+def test_a_credential_that_is_no_longer_good_asks_to_log_in_again() -> None:
+    def tool(name: str, *required: str) -> ToolSpec:
+        return ToolSpec(name=name, description=f"{name}.", parameters={
+            "type": "object", "properties": {arg: {"type": "string"} for arg in required}, "required": list(required)})
+
+    tools = [tool("register_credit_card", "card_number"), tool("authenticate_travel", "client_id")]
+    missing, provides = PAIR_FEATURES.index("missing_ids"), PAIR_FEATURES.index("provides_missing")
+    for error in ("Token not initialized", "Token expired", "Invalid access token", "Session expired"):
+        failed = Step(tool="register_credit_card", arguments={"card_number": "4111"}, error=True,
+                      observation=f'{{"error": "{error}"}}')
+        rows = state_parts("Register my card 4111", [failed], 2).pair_features(tools)
+        assert rows[0][missing] == 1.0 and rows[1][provides] == 1.0, error
+    # A token that is merely mentioned asks for nothing.
+    other = Step(tool="register_credit_card", arguments={}, error=True,
+                 observation='{"error": "Card number must be 16 digits; see the token format."}')
+    assert state_parts("Register my card", [other], 2).pair_features(tools)[1][provides] == 0.0
+
+
 def test_a_call_waits_for_the_tool_its_error_asks_for() -> None:
     tools = [ToolSpec(name=name, description=f"{name}.", parameters={"type": "object", "properties": {}})
              for name in ("startEngine", "lockDoors", "pressBrakePedal", "releaseBrakePedal", "cat")]
