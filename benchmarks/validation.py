@@ -25,7 +25,12 @@ A setting (``--set section.key=value`` over ``scripts/default_policy.yaml``, as 
   those scenarios' base variant with gold arguments: turn and task success, as ``evaluate --env
   bfcl`` reports the test split; and on all four variants, four times the turns (retraining
   alone moves the base figure by about two of its 113 turns). It is the one figure here that acts
-  in an environment, where a rule that holds a tool back costs the whole turn.
+  in an environment, where a rule that holds a tool back costs the whole turn;
+* many tools: the policy left out of ``bfcl_single`` ranks 300 of its requests' gold tools among
+  100 random tools of the other domains (``benchmarks/many_tools.py``'s construction, drawn with
+  :data:`MANY_TOOLS_SEED`, not the reported run's seed): recall@1. A rule that reads the tool set as
+  one app's (a tool the request's verb asks for, a lookup that gives some missing identifier) can
+  misfire in a catalogue of unrelated tools.
 
 The README's validation table reads these figures. Each run trains five policies (about 20
 minutes on 2 CPU cores); the temperature is the validation split's (``calibration_folds`` 0),
@@ -49,6 +54,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # transfer.py, beside this script
 
+import many_tools  # noqa: E402
 from transfer import VALIDATION, add_recipe_arguments, config_for, run, training_domains  # noqa: E402
 
 from evoharness_agent.encoding.embedder import StateEncoder  # noqa: E402
@@ -77,6 +83,14 @@ MULTI_TURN = "tau2_retail"
 """The multi-turn validation domain: its training tasks, scored by a policy without its group."""
 ONLINE_VALIDATION_MOD = 1
 """BFCL's training scenarios numbered this mod 5 are the online validation scenarios (the test ones are 0)."""
+MANY_TOOLS_SEED = 1
+"""The many-tools validation figure's draw of requests and distractors (``benchmarks/many_tools.py`` reports seed 0)."""
+
+
+def measure_many_tools(out: Path, encoder: StateEncoder) -> dict[str, Any]:
+    """Return recall@k of the policy left out of ``bfcl_single``, its requests' gold among 100 random tools."""
+    policy = ToolPolicy.load(out / "bfcl_single", encoder=encoder)
+    return many_tools.run(policy, 100, 300, MANY_TOOLS_SEED)
 
 
 def measure_multi_turn(episodes: dict[str, list[Episode]], config: TrainConfig, out: Path,
@@ -188,6 +202,10 @@ def print_figures(results: dict[str, Any]) -> None:
     console.print(f"online BFCL, validation scenarios (base, gold arguments): {online['turns_succeeded']} of "
                   f"{online['turns']} turns, {online['success_rate']:.3f} of {online['tasks']} scenarios, "
                   f"invalid calls {online['invalid_call_rate']:.3f}")
+    many = results["many_tools"]
+    console.print(f"many tools, the bfcl_single policy among 100 random tools: recall@1 "
+                  f"{many['policy']['recall@1']:.3f} of {many['policy']['n']} requests (similarity "
+                  f"{many['embedding_similarity']['recall@1']:.3f})")
     variants = online["variants"].values()
     console.print(f"online BFCL, validation scenarios, every variant: {sum(v['turns_succeeded'] for v in variants)} of "
                   f"{sum(v['turns'] for v in variants)} turns ("
@@ -207,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     results["multi_turn"] = measure_multi_turn(episodes, config, args.out, encoder)
     results["default_recipe"] = measure_default_recipe(episodes, config, args.out, encoder)
     results["online_bfcl"] = measure_online_bfcl(episodes, config, args.out, encoder)
+    results["many_tools"] = measure_many_tools(args.out, encoder)
     print_figures(results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
