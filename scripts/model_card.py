@@ -65,6 +65,16 @@ def _asked_threshold(network: dict[str, Any]) -> str:
     return "" if asked is None else f" ({asked} for a tool the request asks for by its verb or names)"
 
 
+def _asked_waits(network: dict[str, Any]) -> str:
+    """Return the clause on ``asked_provider_margin`` when the network sets it, else ""."""
+    margin = network.get("asked_provider_margin")
+    if not margin:
+        return ""
+    return (" (at a turn's first decision, while every tool the request asks for by its verb waits, the best "
+            f"lookup that provides one ranks first, above answering too, if it scores within {margin} of the best "
+            "tool)")
+
+
 def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path, shipped_sha256: str) -> list[str]:
     """Return the data / algorithm / size section (``shipped_sha256``: the sha256 of ``weights``)."""
     lines = ["## What it is", ""]
@@ -95,7 +105,8 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path,
         lines.append(f"- Decision rule (when it acts, not learned): a tool waiting for a prerequisite lookup loses "
                      f"{network['prerequisite_penalty']} and ranks below the best tool that provides the identifier, "
                      "answering while that would leave the lookup chain half "
-                     f"done loses {network.get('prerequisite_finish_penalty', 0.0)} (at a turn's first decision only "
+                     f"done loses {network.get('prerequisite_finish_penalty', 0.0)}{_asked_waits(network)} (at a "
+                     "turn's first decision only "
                      "while some open tool serves a request part by at least "
                      f"{network.get('prerequisite_fit_threshold', -1.0)}; also after a call whose error asks "
                      "for a tool, a log-in say, which then ranks first, until that tool and the call again), "
@@ -111,7 +122,8 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path,
                      f"{network.get('reads_listed_bonus', 0.0)}; "
                      f"the towers' term ranks one tool above another at {network.get('tower_rank_weight', 1.0)} "
                      "of its trained weight, the best tool keeping its score "
-                     "(`learning/networks.py`, `waiting_for_prerequisite`, `below_providers`, `answer_waits`, "
+                     "(`learning/networks.py`, `waiting_for_prerequisite`, `below_providers`, "
+                     "`provider_before_asked`, `answer_waits`, "
                      "`answer_leaves_part`, `answer_skips_action`, `answer_skips_retry`, `repeats_retry`, "
                      "`tower_ranking_narrowed`).")
     hardware = train.get("hardware", {})

@@ -104,6 +104,7 @@ class _NetworkMeta(BaseModel):
     prerequisite_penalty: float = Field(default=NetworkConfig.prerequisite_penalty, ge=0.0, le=1e4)
     prerequisite_finish_penalty: float = Field(default=NetworkConfig.prerequisite_finish_penalty, ge=0.0, le=1e4)
     prerequisite_fit_threshold: float = Field(default=NetworkConfig.prerequisite_fit_threshold, ge=-1.0, le=1.0)
+    asked_provider_margin: float = Field(default=NetworkConfig.asked_provider_margin, ge=0.0, le=1e4)
     open_part_finish_penalty: float = Field(default=NetworkConfig.open_part_finish_penalty, ge=0.0, le=1e4)
     open_part_threshold: float = Field(default=NetworkConfig.open_part_threshold, ge=-2.0, le=2.0)
     open_part_asked_threshold: float | None = Field(default=NetworkConfig.open_part_asked_threshold, ge=-2.0, le=2.0)

@@ -28,6 +28,7 @@ from evoharness_agent.learning.networks import (
     masked_log_softmax,
     masked_scores,
     provider_after_failure,
+    provider_before_asked,
     repeats_retry,
     tower_ranking_narrowed,
     waiting_for_prerequisite,
@@ -547,6 +548,28 @@ def test_after_a_call_failed_for_want_of_a_prerequisite_its_provider_ranks_first
     # The log-in now leads every tool (answering is answer_waits' call), the failed call below it.
     assert ranked[0].tolist() == pytest.approx([3.0 - PROVIDER_MARGIN, 7.0 + PROVIDER_MARGIN, 7.0, 9.0])
     assert torch.equal(ranked[1], scores[1])  # state 1: failed for another reason: as it was
+
+
+def test_a_lookup_provider_ranks_first_while_every_tool_the_request_asks_for_waits() -> None:
+    column = PAIR_FEATURES.index
+    # search_issues (lookup), open_issue (gives an issue_id too), assign_issue (asked, waits), FINISH
+    pairs = torch.zeros(5, 4, N_PAIR_FEATURES)
+    pairs[:, :, column("available")] = 1.0
+    pairs[:, 3, column("is_finish")] = 1.0
+    pairs[:, 0, column("is_lookup")] = 1.0
+    pairs[:, :2, column("provides_missing")] = 1.0
+    pairs[:, 2, column("missing_ids")] = 1.0
+    pairs[:, 2, column("asked_by_verb")] = 1.0  # "There's an issue about … Assign it to priya.s"
+    pairs[1, 1, column("asked_by_verb")] = 1.0  # state 1: "Open an issue … and assign it": it can run now
+    pairs[2, 0, column("called_in_turn")] = 1.0  # state 2: after the turn's first call
+    pairs[3, 2, column("asked_by_verb")] = 0.0  # state 3: nothing is asked for by its verb
+    scores = torch.tensor([[5.0, 7.0, 6.0, 8.0]] * 4 + [[4.0, 7.0, 6.0, 8.0]])  # state 4: the lookup 3 below
+    waiting = waiting_for_prerequisite(pairs)
+    ranked = provider_before_asked(scores, pairs, waiting, margin=2.0)
+    # The lookup leads every tool and the answer; the other states keep their scores.
+    assert ranked[0].tolist() == pytest.approx([8.0 + PROVIDER_MARGIN, 7.0, 6.0, 8.0])
+    for state in (1, 2, 3, 4):
+        assert torch.equal(ranked[state], scores[state])
 
 
 def test_a_first_answer_waits_only_while_some_open_tool_serves_the_request() -> None:
