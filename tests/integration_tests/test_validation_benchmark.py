@@ -28,3 +28,6 @@ def test_validation_run_reports_the_left_out_domains_the_suite_and_the_split(
     assert suite["n_tasks"] == 30 and suite["n_decisions"] == 90  # the validation suite, not the reported one
     assert split["decisions"] == sum(d["decisions"] for d in split["by_domain"].values()) > 0
     assert split["right"] == sum(d["right"] for d in split["by_domain"].values())
+    many = results["many_tools"]  # the bfcl_single policy's gold tools among 100 random ones
+    assert many["policy"]["n"] == many["embedding_similarity"]["n"] > 0
+    assert 0.0 <= many["policy"]["recall@1"] <= many["policy"]["recall@10"] <= 1.0
