@@ -103,10 +103,10 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path,
     network = meta["network"]
     if "prerequisite_penalty" in network:
         lines.append(f"- Decision rule (when it acts, not learned): a tool waiting for a prerequisite lookup loses "
-                     f"{network['prerequisite_penalty']} and ranks below the best tool that provides the identifier, "
+                     f"{network['prerequisite_penalty']} and ranks below the best tool that provides the identifier"
+                     f"{_asked_waits(network)}, "
                      "answering while that would leave the lookup chain half "
-                     f"done loses {network.get('prerequisite_finish_penalty', 0.0)}{_asked_waits(network)} (at a "
-                     "turn's first decision only "
+                     f"done loses {network.get('prerequisite_finish_penalty', 0.0)} (at a turn's first decision only "
                      "while some open tool serves a request part by at least "
                      f"{network.get('prerequisite_fit_threshold', -1.0)}; also after a call whose error asks "
                      "for a tool, a log-in say, which then ranks first, until that tool and the call again), "
@@ -123,7 +123,7 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path,
                      f"the towers' term ranks one tool above another at {network.get('tower_rank_weight', 1.0)} "
                      "of its trained weight, the best tool keeping its score "
                      "(`learning/networks.py`, `waiting_for_prerequisite`, `below_providers`, "
-                     "`provider_before_asked`, `answer_waits`, "
+                     "`provider_after_failure`, `provider_before_asked`, `answer_waits`, "
                      "`answer_leaves_part`, `answer_skips_action`, `answer_skips_retry`, `repeats_retry`, "
                      "`tower_ranking_narrowed`).")
     hardware = train.get("hardware", {})

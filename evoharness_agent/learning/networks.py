@@ -542,8 +542,7 @@ def provider_before_asked(scores: torch.Tensor, pairs: torch.Tensor, waiting: to
     first_decision = 1.0 - called.amax(dim=-1, keepdim=True)
     near_best = (scores >= masked_scores(scores, real > 0).amax(dim=-1, keepdim=True) - margin).float()
     lookups = pairs[..., PROVIDES_MISSING].float() * open_tools * pairs[..., IS_LOOKUP].float() * near_best
-    finish = pairs[..., IS_FINISH].float() * pairs[..., AVAILABLE].float()
-    return _ranked_first(scores, lookups * all_asked_wait * first_decision, real + finish)
+    return _ranked_first(scores, lookups * all_asked_wait * first_decision, pairs[..., AVAILABLE].float())
 
 
 def _ranked_first(scores: torch.Tensor, candidates: torch.Tensor, among: torch.Tensor) -> torch.Tensor:
