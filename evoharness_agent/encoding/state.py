@@ -656,13 +656,21 @@ _IDENTIFIER_VALUE = re.compile(r"#\w+|\b(?=[\w-]*\d)(?=[\w-]*[a-zA-Z])[\w-]{5,}\
 
 
 _ID_WORDS = frozenset({"id", "ids", "uuid"})
+_RECORD_KEY = re.compile(r"[A-Za-z]{2,4}-[0-9]{2,}")
+"""A value shaped like a record's key (``MOB-88``, ``EMP-2210``, ``lock-07``): a short prefix, a dash, digits."""
 
 
 @functools.lru_cache(maxsize=4096)
 def _words_before_values(text: str) -> tuple[frozenset[str], ...]:
-    """Return the three words before each identifier-like value in a user's message, lower-cased, with their stems."""
+    """Return the three words before each identifier-like value in a user's message, lower-cased, with their stems.
+
+    A value shaped like a record's key (:data:`_RECORD_KEY`) says "id" by its shape, as "user id
+    USR002" does by its words: "Where are we with MOB-88?" gives the issue's id, and the issue
+    tracker's own tools need no lookup first (:meth:`_ToolSet.gives_any_identifier`).
+    """
     return tuple(dict.fromkeys(
-        _with_stems(set(_WORD.findall(text[max(match.start() - 60, 0):match.start()].lower())[-3:]))
+        _with_stems(set(_WORD.findall(text[max(match.start() - 60, 0):match.start()].lower())[-3:])
+                    | ({"id"} if _RECORD_KEY.fullmatch(match.group(0)) else set()))
         for match in _IDENTIFIER_VALUE.finditer(text)))
 
 

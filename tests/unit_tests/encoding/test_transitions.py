@@ -240,6 +240,20 @@ def test_a_credential_that_is_no_longer_good_asks_to_log_in_again() -> None:
     assert state_parts("Register my card", [other], 2).pair_features(tools)[1][provides] == 0.0
 
 
+def test_a_value_shaped_like_a_record_key_gives_an_identifier() -> None:
+    get_issue = ToolSpec(name="get_tracker_issue", description="Get an issue.", parameters={
+        "type": "object", "properties": {"issue_id": {"type": "string"}}, "required": ["issue_id"]})
+    search = ToolSpec(name="search_tracker_issues", description="Search issues; returns issue_id and title.",
+                      parameters={"type": "object", "properties": {"query": {"type": "string"}}})
+    missing, provides = PAIR_FEATURES.index("missing_ids"), PAIR_FEATURES.index("provides_missing")
+    rows = state_parts("Where are we with MOB-88?", [], 2).pair_features([get_issue, search])
+    assert rows[0][missing] == 0.0 and rows[1][provides] == 0.0
+    # Other values with digits (a version, a disease's name) are no record's key: the id is missing.
+    for request in ("Where are we with release v2beta3?", "Any news on COVID-19 at work?"):
+        rows = state_parts(request, [], 2).pair_features([get_issue, search])
+        assert rows[0][missing] == 1.0 and rows[1][provides] == 1.0, request
+
+
 def test_a_call_waits_for_the_tool_its_error_asks_for() -> None:
     tools = [ToolSpec(name=name, description=f"{name}.", parameters={"type": "object", "properties": {}})
              for name in ("startEngine", "lockDoors", "pressBrakePedal", "releaseBrakePedal", "cat")]
