@@ -120,12 +120,14 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path,
                      f"again a tool just retried, loses {network.get('retry_penalty', 0.0)}; "
                      "a lookup of records a result in this turn listed without holding them and it has not read gains "
                      f"{network.get('reads_listed_bonus', 0.0)}; "
+                     "at a turn's first decision each open tool gains "
+                     f"{network.get('first_similarity_bonus', 0.0)} times its request similarity; "
                      f"the towers' term ranks one tool above another at {network.get('tower_rank_weight', 1.0)} "
                      "of its trained weight, the best tool keeping its score "
                      "(`learning/networks.py`, `waiting_for_prerequisite`, `below_providers`, "
                      "`provider_after_failure`, `provider_before_asked`, `answer_waits`, "
                      "`answer_leaves_part`, `answer_skips_action`, `answer_skips_retry`, `repeats_retry`, "
-                     "`tower_ranking_narrowed`).")
+                     "`first_decision_similarity`, `tower_ranking_narrowed`).")
     hardware = train.get("hardware", {})
     trained = train.get("weights_sha256")
     if trained is not None and trained != shipped_sha256:

@@ -111,6 +111,7 @@ class _NetworkMeta(BaseModel):
     asked_action_finish_penalty: float = Field(default=NetworkConfig.asked_action_finish_penalty, ge=0.0, le=1e4)
     retry_penalty: float = Field(default=NetworkConfig.retry_penalty, ge=0.0, le=1e4)
     reads_listed_bonus: float = Field(default=NetworkConfig.reads_listed_bonus, ge=0.0, le=1e4)
+    first_similarity_bonus: float = Field(default=NetworkConfig.first_similarity_bonus, ge=0.0, le=1e4)
     tower_rank_weight: float = Field(default=NetworkConfig.tower_rank_weight, ge=0.0, le=1.0)
 
 

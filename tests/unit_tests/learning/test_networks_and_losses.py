@@ -25,6 +25,7 @@ from evoharness_agent.learning.networks import (
     answer_skips_retry,
     answer_waits,
     below_providers,
+    first_decision_similarity,
     masked_log_softmax,
     masked_scores,
     provider_after_failure,
@@ -714,6 +715,25 @@ def test_a_lookup_of_listed_records_not_read_gains_the_bonus_only_when_acting() 
     expected[0, 0] = 2.0
     assert torch.allclose(gained, expected, atol=1e-5)
     assert NetworkConfig().reads_listed_bonus == 0.0  # off by default
+
+
+def test_open_tools_gain_their_request_similarity_at_a_turns_first_decision_only_when_acting() -> None:
+    d = 4
+    scorer, tools, pairs = rule_scorer(NetworkConfig(dropout=0.0, first_similarity_bonus=2.0), 2)
+    column = PAIR_FEATURES.index
+    pairs[0, 2, column("available")] = 0.0  # state 0: nothing called yet, tool 2 not offered
+    pairs[1, 0, column("called_in_turn")] = 1.0  # state 1: tool 0 was called in this turn
+    states = torch.randn(2, 3 * d + 2)
+    states[:, :d] = torch.tensor([0.5, -0.25, 0.75, 0.9])  # the request slot: its similarity with each unit tool
+    similarity = states[:, :d] @ tools.T
+    assert torch.allclose(first_decision_similarity(similarity, pairs),
+                          torch.tensor([[0.5, -0.25, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]))
+    with torch.no_grad():
+        gained = scorer(states, tools, None, pairs, acting=True) - scorer(states, tools, None, pairs)
+    expected = torch.zeros(2, 4)
+    expected[0, :2] = torch.tensor([1.0, -0.5])  # never FINISH, an unavailable tool, or after a call in the turn
+    assert torch.allclose(gained, expected, atol=1e-5)
+    assert NetworkConfig().first_similarity_bonus == 0.0  # off by default
 
 
 def test_a_tool_just_retried_is_not_called_again() -> None:
