@@ -53,8 +53,7 @@ from evoharness_agent.encoding.state import (
 
 __all__ = ["BONUSES", "DECISION_RULE", "PENALTIES", "NetworkConfig", "StateValue", "ToolScorer", "answer_leaves_part",
            "answer_skips_action", "answer_skips_retry", "answer_waits", "below_providers", "first_decision_similarity",
-           "masked_log_softmax",
-           "masked_scores", "provider_after_failure", "provider_before_asked", "repeats_retry",
+           "masked_log_softmax", "masked_scores", "provider_after_failure", "provider_before_asked", "repeats_retry",
            "tower_ranking_narrowed", "waiting_for_prerequisite"]
 
 PENALTIES = ("prerequisite_penalty", "prerequisite_finish_penalty", "open_part_finish_penalty",
@@ -221,7 +220,9 @@ class NetworkConfig:
     validation +8 turns, stabletoolbench left out +32, bfcl_single +22, the validation suite and
     first requests level, the default's validation split +7); from 1.5 up the in-field questions
     of the validation first requests get a tool (3: +107 all together, first requests -7, the split
-    -13). Fine-tuning does not inherit it."""
+    -13). A rule, not learned: as a context feature of every tool, training weighs it negatively
+    (-0.9; the logs' first calls are often lookups the request does not match, tau's user lookups)
+    and validation loses 33-44 decisions a seed. Fine-tuning does not inherit it."""
     tower_rank_weight: float = 1.0
     """How much the towers' state·tool term ranks one real tool above another when the policy acts
     (:func:`tower_ranking_narrowed`): 1 as trained; below 1 the rest of the score (request
