@@ -470,7 +470,7 @@ class ToolScorer(nn.Module):
         floor = torch.full_like(similarity, -1.0)
         best = torch.where(open_tools > 0, similarity, floor).max(dim=1).values.clamp(min=0.0)
         best_called = torch.where(real * called > 0, similarity, floor).max(dim=1).values
-        anything_called = (real * called).amax(dim=1)
+        anything_called = _anything_called(pairs)[:, 0]
         done_gap = (best_called.clamp(min=0.0) - best) * anything_called
         named = (pairs[..., NAMED_IN_REQUEST].float() * open_tools).amax(dim=1)
         prerequisite = (pairs[..., PROVIDES_MISSING].float() * open_tools).amax(dim=1)
@@ -487,6 +487,12 @@ def _real_called_open(pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
     real = pairs[..., AVAILABLE].float() * (1.0 - pairs[..., IS_FINISH].float())
     called = pairs[..., CALLED_IN_TURN].float()
     return real, called, real * (1.0 - called)
+
+
+def _anything_called(pairs: torch.Tensor) -> torch.Tensor:
+    """Return ``(B, 1)``: 1 where an available real tool was called in this turn (not the turn's first decision)."""
+    real, called, _ = _real_called_open(pairs)
+    return (real * called).amax(dim=-1, keepdim=True)
 
 
 def waiting_for_prerequisite(pairs: torch.Tensor) -> torch.Tensor:
@@ -585,9 +591,7 @@ def first_decision_similarity(similarity: torch.Tensor, pairs: torch.Tensor) -> 
     ``similarity`` is each tool's cosine with the request. A turn's first decision is one where no
     available tool was called since the latest user message; FINISH and unavailable tools get 0.
     """
-    real, called, open_tools = _real_called_open(pairs)
-    first = 1.0 - (real * called).amax(dim=-1, keepdim=True)
-    return similarity.float() * open_tools * first
+    return similarity.float() * _real_called_open(pairs)[2] * (1.0 - _anything_called(pairs))
 
 
 def answer_waits(similarity: torch.Tensor, pairs: torch.Tensor, waiting: torch.Tensor,
@@ -694,10 +698,8 @@ def _calls_in_turn(pairs: torch.Tensor) -> torch.Tensor:
 
 def _worked_in_turn(pairs: torch.Tensor) -> torch.Tensor:
     """Return ``(B, 1)``: 1 where a tool was called in this turn and the call just made did not fail."""
-    real, called, _ = _real_called_open(pairs)
-    anything_called = (real * called).amax(dim=-1, keepdim=True)
     last_failed = pairs[..., JUST_CALLED_FAILED].float().amax(dim=-1, keepdim=True)
-    return anything_called * (1.0 - last_failed)
+    return _anything_called(pairs) * (1.0 - last_failed)
 
 
 class StateValue(nn.Module):
