@@ -178,8 +178,7 @@ class NetworkConfig:
     0-3) of 0.08, 0.1, 0.11, 0.12, 0.13, 0.15, 0.2 only 0.11 gains with no validation figure lower
     than at 0.1 at any seed: +6 / +5 / +8 / +8 (stabletoolbench +9 over the four, bfcl_single +10,
     the split +4, the multi-turn figure +4; 0.12: +29, one stabletoolbench and one split decision
-    lost at seed 0); the default sets 0.11. Fine-tuning
-    does not inherit it."""
+    lost at seed 0); the default sets 0.11. Fine-tuning does not inherit it."""
     asked_action_finish_penalty: float = 0.0
     """Taken off FINISH's score when the policy acts, while only lookups were called in this turn
     and the request's verb names an open tool that changes something (:func:`answer_skips_action`):
