@@ -122,12 +122,15 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path,
                      f"{network.get('reads_listed_bonus', 0.0)}; "
                      "at a turn's first decision each open tool gains "
                      f"{network.get('first_similarity_bonus', 0.0)} times its request similarity; "
+                     "after a call that worked, answering gains "
+                     f"{network.get('best_fit_called_bonus', 0.0)} while a tool called in this turn matches the "
+                     "request at least as well as every open tool; "
                      f"the towers' term ranks one tool above another at {network.get('tower_rank_weight', 1.0)} "
                      "of its trained weight, the best tool keeping its score "
                      "(`learning/networks.py`, `waiting_for_prerequisite`, `below_providers`, "
                      "`provider_after_failure`, `provider_before_asked`, `answer_waits`, "
                      "`answer_leaves_part`, `answer_skips_action`, `answer_skips_retry`, `repeats_retry`, "
-                     "`first_decision_similarity`, `tower_ranking_narrowed`).")
+                     "`first_decision_similarity`, `answer_after_best_fit`, `tower_ranking_narrowed`).")
     hardware = train.get("hardware", {})
     trained = train.get("weights_sha256")
     if trained is not None and trained != shipped_sha256:

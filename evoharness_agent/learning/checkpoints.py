@@ -112,6 +112,7 @@ class _NetworkMeta(BaseModel):
     retry_penalty: float = Field(default=NetworkConfig.retry_penalty, ge=0.0, le=1e4)
     reads_listed_bonus: float = Field(default=NetworkConfig.reads_listed_bonus, ge=0.0, le=1e4)
     first_similarity_bonus: float = Field(default=NetworkConfig.first_similarity_bonus, ge=0.0, le=1e4)
+    best_fit_called_bonus: float = Field(default=NetworkConfig.best_fit_called_bonus, ge=0.0, le=1e4)
     tower_rank_weight: float = Field(default=NetworkConfig.tower_rank_weight, ge=0.0, le=1.0)
 
 

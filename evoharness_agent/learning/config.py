@@ -127,6 +127,7 @@ class ModelSection(_Section):
     retry_penalty: float = Field(default=NetworkConfig.retry_penalty, ge=0.0)
     reads_listed_bonus: float = Field(default=NetworkConfig.reads_listed_bonus, ge=0.0)
     first_similarity_bonus: float = Field(default=NetworkConfig.first_similarity_bonus, ge=0.0)
+    best_fit_called_bonus: float = Field(default=NetworkConfig.best_fit_called_bonus, ge=0.0)
     tower_rank_weight: float = Field(default=NetworkConfig.tower_rank_weight, ge=0.0, le=1.0)
 
     def state_encoder(self) -> StateEncoder:

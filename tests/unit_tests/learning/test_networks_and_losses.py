@@ -20,6 +20,7 @@ from evoharness_agent.learning.networks import (
     PROVIDER_MARGIN,
     NetworkConfig,
     ToolScorer,
+    answer_after_best_fit,
     answer_leaves_part,
     answer_skips_action,
     answer_skips_retry,
@@ -734,6 +735,29 @@ def test_open_tools_gain_their_request_similarity_at_a_turns_first_decision_only
     expected[0, :2] = torch.tensor([1.0, -0.5])  # never FINISH, an unavailable tool, or after a call in the turn
     assert torch.allclose(gained, expected, atol=1e-5)
     assert NetworkConfig().first_similarity_bonus == 0.0  # off by default
+
+
+def test_answering_gains_the_bonus_after_a_call_of_the_best_fitting_tool_worked_only_when_acting() -> None:
+    d = 4
+    scorer, tools, pairs = rule_scorer(NetworkConfig(dropout=0.0, best_fit_called_bonus=0.5), 5)
+    column = PAIR_FEATURES.index
+    pairs[:4, 0, column("called_in_turn")] = 1.0  # get_weather was called in this turn (not in state 4) ...
+    pairs[:4, 0, column("just_called_ok")] = 1.0  # ... and it worked
+    pairs[2, 0, column("just_called_ok")] = 0.0  # state 2: it failed
+    pairs[2, 0, column("just_called_failed")] = 1.0
+    pairs[3, 1, column("available")] = 0.0  # state 3: the tool that fits better is not offered
+    states = torch.randn(5, 3 * d + 2)
+    states[:, :d] = torch.tensor([0.6, 0.2, -0.1, 0.9])  # the request's similarity with each unit tool
+    states[1, :d] = torch.tensor([0.6, 0.7, -0.1, 0.9])  # state 1: an open tool fits the request better
+    states[3, :d] = torch.tensor([0.6, 0.7, -0.1, 0.9])
+    similarity = states[:, :d] @ tools.T
+    assert answer_after_best_fit(similarity, pairs).flatten().tolist() == [1.0, 0.0, 0.0, 1.0, 0.0]
+    with torch.no_grad():
+        gained = scorer(states, tools, None, pairs, acting=True) - scorer(states, tools, None, pairs)
+    expected = torch.zeros(5, 4)
+    expected[[0, 3], 3] = 0.5  # FINISH alone; never after a failed call or before any call in the turn
+    assert torch.allclose(gained, expected, atol=1e-5)
+    assert NetworkConfig().best_fit_called_bonus == 0.0  # off by default
 
 
 def test_a_tool_just_retried_is_not_called_again() -> None:
