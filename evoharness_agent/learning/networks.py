@@ -241,10 +241,10 @@ class NetworkConfig:
     decisions and online turns +1 / +11 / +40 / +30, stabletoolbench left out +33, bfcl_single +30,
     the default's validation split +11, the validation suite +3, the multi-turn figure +4, online
     BFCL validation +1 turn, the first requests level; seed 0 alone loses 4 online turns and 8
-    stabletoolbench decisions); from 0.6 up online BFCL loses turns, and at 1
-    stabletoolbench loses (-52). A bonus after every call that worked, whatever was called, gets
-    +64 at 0.25 and loses online turns from 0.5 (-23); one gated by "no open tool serves a request
-    part by 0.1" +117 at 0.5, but the split -5 and online -4. Fine-tuning does not inherit it."""
+    stabletoolbench decisions); from 0.6 up online BFCL loses turns, and at 1 stabletoolbench
+    loses (-52). A bonus after every call that worked, whatever was called, gets +64 at 0.25 and
+    loses online turns from 0.5 (-23); one gated by "no open tool serves a request part by 0.1"
+    +117 at 0.5, but the split -5 and online -4. Fine-tuning does not inherit it."""
     tower_rank_weight: float = 1.0
     """How much the towers' state·tool term ranks one real tool above another when the policy acts
     (:func:`tower_ranking_narrowed`): 1 as trained; below 1 the rest of the score (request
