@@ -11,8 +11,8 @@ Reported side by side: top-1 over tool calls (FINISH excluded, as ``evaluate`` d
 the live top-1 over every decision with FINISH among the candidates; and, for those live
 decisions, the calibration on the held-out tasks (expected calibration error and coverage at
 95% accuracy of the reported probability). The temperature is cross-fitted
-(``training.calibration_folds``, 5 folds: every training task scored out of fold, plus the
-validation split); the ECE the validation split's temperature alone gives is reported beside it.
+(``training.calibration_folds``, 5 folds: every task scored out of fold, so each run trains on all
+its tasks, with no validation split).
 The JSON records which policy the runs started from (``start``: its weights' sha256), so the
 model card can tell when the default has changed since, and the settings (``config``: steps,
 calibration folds; ``--calibration-folds 0`` fits the temperature on the validation split alone,
@@ -91,21 +91,12 @@ def measure(train: list[Episode], test: list[Episode], init: str | None, steps: 
               "coverage_at_95": report.calibration.coverage_at_95,
               "embedding_similarity_top1": report.metrics["embedding_similarity"]["top1"],
               "bigram_top1": report.metrics["bigram"]["top1"]}
-    fit = policy.meta["calibration"]
-    if "temperature_validation" in fit:  # the same policy with the validation split's temperature alone
-        alone = ToolPolicy(policy.algorithm,
-                           {**policy.meta, "calibration": {"temperature": fit["temperature_validation"]}}, encoder)
-        calibration = evaluate_offline(alone, test, train, encoder=encoder).calibration
-        result.update(temperature_validation=fit["temperature_validation"], ece_validation_only=calibration.ece,
-                      coverage_at_95_validation_only=calibration.coverage_at_95)
     return result
 
 
 def _calibration_cell(result: dict[str, float]) -> str:
-    """Return "ECE / coverage", the validation-only temperature's in brackets, then a calibrated policy's ECE."""
+    """Return "ECE / coverage", then the ECE a calibrated policy would show on the same decisions."""
     cell = f"{result['ece']:.3f} / {result['coverage_at_95']:.3f}"
-    if "ece_validation_only" in result:
-        cell += f" ({result['ece_validation_only']:.3f} / {result['coverage_at_95_validation_only']:.3f})"
     if "ece_if_calibrated" in result:
         cell += f"; {result['ece_if_calibrated']:.3f}"
     return cell
@@ -184,8 +175,7 @@ def main() -> None:
                           f"{row['scratch']['embedding_similarity_top1']:.3f}")
         console.print(table)
         calibration = Table(title=f"{domain}: calibration on the held-out tasks, ECE / coverage at 95% accuracy "
-                                  "(in brackets: the validation split's temperature alone); the ECE a calibrated "
-                                  "policy would show on the same decisions")
+                                  "; the ECE a calibrated policy would show on the same decisions")
         for column in ("training tasks", "scratch", "from default"):
             calibration.add_column(column, justify="right")
         for row in rows:

@@ -126,10 +126,11 @@ def train(
     skip_invalid: Annotated[bool, typer.Option(help="Skip bad log lines (and report them).")] = False,
     default_reward: Annotated[float | None, typer.Option(help="Reward of episodes that have none.")] = None,
     calibration_folds: Annotated[str | None, typer.Option(
-        help="Fit the confidence temperature on K out-of-fold models' decisions too (K more trainings; for "
-             "logs of a few tasks, where the validation split is a task or two). 'auto' (default): 5 when the "
-             "validation split holds fewer than 200 decisions, else 0. 'domain': one model without each domain "
-             "of the logs, for a policy meant for new tools. 0: the validation split alone.")
+        help="Fit the confidence temperature on K out-of-fold models' decisions (K more trainings; the run then "
+             "trains on the validation split's tasks too: for logs of a few tasks, where the split is a task or "
+             "two). 'auto' (default): 5 when the validation split holds fewer than 200 decisions, else 0. "
+             "'domain': one model without each domain of the logs, plus the validation split, for a policy meant "
+             "for new tools. 0: the validation split alone.")
     ] = None,
     nproc_per_node: Annotated[int, typer.Option(
         min=1, help="Data-parallel processes on this machine (gloo on CPU, nccl on GPU); the batch size is the "
@@ -159,14 +160,17 @@ def train(
     from evoharness_agent.learning.calibration import FEW_DECISIONS, cross_fitted
 
     fit_on = result.get("n_calibration_decisions", 0)
-    if cross_fitted(result):
+    if cross_fitted(result) and result["n_out_of_fold"] == fit_on:
+        console.print(f"the confidence temperature was fit on {fit_on} decisions, all scored out of fold (by a "
+                      "model that had not trained on their task); the policy trained on every task")
+    elif cross_fitted(result):
         console.print(f"the confidence temperature was fit on {fit_on} decisions, {result['n_out_of_fold']} of "
                       "them scored out of fold (by a model that had not trained on them)")
     elif 0 < fit_on < FEW_DECISIONS:
         console.print(f"[yellow]the confidence temperature was fit on {fit_on} validation decisions "
-                      "only: --calibration-folds auto (the default) also fits it on every training decision, "
-                      "scored out of fold, where the training split has two tasks or more and one process "
-                      "trains[/]")
+                      "only: --calibration-folds auto (the default) fits it on every decision scored out of fold "
+                      "and trains on the validation tasks too, where the logs have two tasks or more and one "
+                      "process trains[/]")
 
 
 def _load(paths: Sequence[Path | str], log_format: str, skip_invalid: bool) -> list:
@@ -253,7 +257,8 @@ def evaluate(
     fit = loaded_policy.meta.get("calibration") or {}
     if fit.get("n_decisions"):
         held_out, unseen = fit.get("n_out_of_fold"), fit.get("out_of_fold_by", "task")
-        folds = f" ({held_out} out of fold, the rest its validation split)" if held_out else " (its validation split)"
+        folds = (" (all out of fold)" if held_out == fit["n_decisions"] else
+                 f" ({held_out} out of fold, the rest its validation split)" if held_out else " (its validation split)")
         console.print(f"its temperature {loaded_policy.temperature:.3f} was fit on {fit['n_decisions']} decisions, "
                       f"each scored by a model that had not trained on its {unseen}{folds}", highlight=False)
     if json_out:
@@ -466,7 +471,7 @@ def export(
                       f"{reference.temperature:.3f} -> {calibration['temperature']:.3f} (ECE "
                       f"{calibration['ece_before']:.3f} -> {calibration['ece_after']:.3f})", highlight=False)
     elif int8:
-        why = (" (it was cross-fitted, and its validation split alone would undo that)"
+        why = (" (it was cross-fitted, and validation decisions alone would undo that)"
                if cross_fitted(reference.meta.get("calibration")) else "")
         console.print(f"[yellow]the temperature stays the torch fp32 one{why}: give --calibration-data to fit it on "
                       "the INT8 encoder's scores[/]")

@@ -158,9 +158,11 @@ def _calibration(meta: dict[str, Any]) -> list[str]:
         return [*lines, "Not calibrated (the policy has no `calibration` metadata)."]
     held_out, unseen = calibration.get("n_out_of_fold"), calibration.get("out_of_fold_by", "task")
     if held_out:
+        # A run cross-fitted by task trains on every task: it has no validation episodes to add.
+        validation = ("" if "temperature_validation" not in calibration else
+                      f", plus the validation episodes (alone they give {calibration['temperature_validation']:.3f})")
         lines.append(f"Temperature scaling fit when training ended on {held_out:,} decisions each scored by a model "
-                     f"trained without its {unseen} (`training.calibration_folds`), plus the validation episodes "
-                     f"(alone they give {calibration.get('temperature_validation', float('nan')):.3f}):")
+                     f"trained without its {unseen} (`training.calibration_folds`){validation}:")
     else:
         lines.append("Temperature scaling fit on the validation episodes when training ended:")
     lines.append("")
@@ -228,13 +230,13 @@ def _fine_tune(fine_tune: dict[str, Any] | None, shipped_sha256: str) -> list[st
         return [*lines, "Not measured (run `benchmarks/fine_tune.py --json`)."]
     start = fine_tune.get("start")
     folds = (fine_tune.get("config") or {}).get("calibration_folds") if start is not None else None
+    domains = fine_tune["domains"] if start is not None else fine_tune
     if folds == 0:
         fit = ("The temperature is fit on the validation split alone when training ends (`--calibration-folds 0`; "
                "cross-fitting it over the training tasks costs each run five more trainings).")
     else:
         fit = ("The temperature is cross-fitted (`training.calibration_folds`: every training task scored by a "
-               "model that did not train on it, plus the validation split); the validation split's temperature "
-               "alone gives the ECE in brackets.")
+               "model that did not train on it), so each run trains on all its tasks, with no validation split.")
     lines.append("Trained on the first N training tasks of a domain (same config; steps: the gradient steps the "
                  "run took, 1,500 from scratch and, from the default, about 100 passes over the training decisions "
                  "within 500-1,500 when `training.steps` is unset), evaluated on its "
@@ -249,18 +251,15 @@ def _fine_tune(fine_tune: dict[str, Any] | None, shipped_sha256: str) -> list[st
                       f"this card's: {shipped_sha256[:12]}…): rerun `benchmarks/fine_tune.py --json` to measure "
                       "this one."]
     lines.append("")
-    ece_header = "ECE" if folds == 0 else "ECE (validation T alone)"
-    lines.append(f"| domain | training tasks | start | steps | top-1 | top-3 | live top-1 | {ece_header} | "
+    lines.append("| domain | training tasks | start | steps | top-1 | top-3 | live top-1 | ECE | "
                  "ECE if calibrated (95th percentile) | coverage at 95% | embedding similarity |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     config_steps = (fine_tune.get("config") or {}).get("steps", "") if start is not None else ""
-    for domain, rows in (fine_tune["domains"] if start is not None else fine_tune).items():
+    for domain, rows in domains.items():
         for row in rows:
             for kind in ("scratch", "default"):
                 result = row[kind]
                 ece = f"{result['ece']:.3f}" if "ece" in result else "not measured"
-                if "ece_validation_only" in result:
-                    ece += f" ({result['ece_validation_only']:.3f})"
                 coverage = f"{result['coverage_at_95']:.3f}" if "coverage_at_95" in result else "not measured"
                 steps = result.get("steps", config_steps)  # JSON from before runs recorded their own
                 lines.append(f"| {domain} | {row['n_tasks']} | {kind} | {steps} | {result['top1']:.3f} | "
@@ -292,8 +291,8 @@ def _zero_shot(zero_shot: dict[str, Any] | None, meta: dict[str, Any]) -> list[s
     unseen = fit.get("out_of_fold_by", "task") if cross_fitted(fit) else None
     fit_on = {"domain": "Its temperature was fit on decisions about domains their scorer never saw, plus the "
                         "training domains' validation split (`training.calibration_folds: domain`).",
-              "task": "Its temperature was fit on training decisions each scored by a model that had not trained "
-                      "on its task, plus the training domains' validation split (`training.calibration_folds`).",
+              "task": "Its temperature was fit on every training decision scored by a model that had not trained "
+                      "on its task (`training.calibration_folds`; such a run trains on every task).",
               }.get(unseen or "", "Its temperature was fit on the training domains' validation split.")
     for name, report in zero_shot["reports"].items():
         calibration = report.get("calibration")  # absent from JSON written before it was measured

@@ -58,7 +58,9 @@ class DataSection(_Section):
     default_reward: float | None = None
     """Reward of episodes whose log has none (None: ``rewards.default_episode_reward``)."""
     val_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
-    """Share of the tasks held out for validation and for fitting the calibration temperature (split by task)."""
+    """Share of the tasks held out for validation and for fitting the calibration temperature (split by task).
+    A run that cross-fits by task (``training.calibration_folds`` a number, or ``auto`` on a small split)
+    trains on them too and records 0: every task is then scored out of fold for the temperature."""
     distractors: int = Field(default=0, ge=0)
     """Tools of other episodes added to each episode's tool list (see :mod:`evoharness_agent.learning.augment`)."""
     answer_only_share: float = Field(default=1.0, ge=0.0, le=1.0)
@@ -203,13 +205,15 @@ class TrainingSection(_Section):
     calibration_folds: int | Literal["auto", "domain"] = "auto"
     """``auto``: 5 folds (as many as the training tasks, if fewer) when the validation split holds fewer
     than 200 decisions (``calibration.FEW_DECISIONS``), else 0 (:meth:`TrainingSection.with_folds`; 0 in a
-    data-parallel run). 0: the calibration temperature is fit on the validation split alone. K >= 2: K
-    more models are trained, each without one K-th of the training tasks, and the temperature is fit on
-    every training decision scored by the model that did not see its task, plus the validation split (K
-    more trainings; for a few tasks of logs, where the validation split is a task or two). ``domain``: one
+    data-parallel run). 0: the calibration temperature is fit on the validation split alone. K >= 2: the
+    run trains on the validation split's tasks too (``data.val_fraction`` recorded as 0), K more models are
+    trained, each without one K-th of the tasks, and the temperature is fit on every decision scored by the
+    model that did not see its task (K more trainings; for a few tasks of logs, where the validation split
+    is a task or two, and one task more to learn from is worth having). ``domain``: one
     more model per domain of the logs (episode metadata ``domain``; siblings sharing users go together),
-    each without that domain, so the temperature is fit on decisions about tools their scorer never saw:
-    for a policy meant for new users' tools (see :mod:`~evoharness_agent.learning.cross_fit`)."""
+    each without that domain, so the temperature is fit on decisions about tools their scorer never saw,
+    plus the validation split (kept: in-domain decisions): for a policy meant for new users' tools (see
+    :mod:`~evoharness_agent.learning.cross_fit`)."""
 
     @field_validator("calibration_folds")
     @classmethod

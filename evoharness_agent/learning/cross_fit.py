@@ -6,10 +6,11 @@ validation split's 2 decisions gave T = 0.48 and an ECE of 0.45 on the held-out 
 scratch, T = 0.05). With
 ``training.calibration_folds`` K ≥ 2 the trainer also trains K models as the run itself is
 trained (same config, start and steps), each without one K-th of the training tasks, and scores
-that K-th with it: every training decision is then scored by a model that never saw its task,
-and the temperature is fit on all of them and the validation split's (scikit-learn's
-``CalibratedClassifierCV(ensemble=False)`` does the same for a classifier). The run's own
-policy is still the one trained on every training task. Each fold's scores are written
+that K-th with it: every decision is then scored by a model that never saw its task, and the
+temperature is fit on all of them (scikit-learn's ``CalibratedClassifierCV(ensemble=False)`` does
+the same for a classifier). So no task need be kept from training for the temperature: such a run
+trains on the validation split's tasks too (``trainer._without_validation_split``). The run's own
+policy is still the one trained on every task. Each fold's scores are written
 atomically when it ends, so a resumed run trains only the folds it had not finished.
 
 With ``training.calibration_folds: domain`` the folds are the logs' domains instead: each fold

@@ -92,7 +92,8 @@ def test_train_then_evaluate_json(workdir: Path) -> None:
 
 
 def test_train_cross_fits_a_temperature_it_would_fit_on_few_decisions(workdir: Path) -> None:
-    # 6 episodes, val_fraction 0.1: the validation split is one episode, so "auto" cross-fits over the other 5.
+    # 6 episodes, val_fraction 0.1: the validation split would be one episode, so "auto" cross-fits over all 6,
+    # trained on every one.
     out = workdir / "few"
     folded = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(out),
                                      "--config", str(workdir / "fast.yaml"), "--steps", "3"])
@@ -100,20 +101,21 @@ def test_train_cross_fits_a_temperature_it_would_fit_on_few_decisions(workdir: P
     meta = json.loads((out / "policy.json").read_text())
     fit = meta["calibration"]
     assert meta["config"]["training"]["calibration_folds"] == 5 and len(list((out / "cross_fit").glob("fold_*"))) == 5
-    assert fit["n_out_of_fold"] > 0 and fit["n_decisions"] > fit["n_out_of_fold"]
-    assert (f"fit on {fit['n_decisions']} decisions, {fit['n_out_of_fold']} of them scored out of fold"
-            in flat(folded.output))
+    assert fit["n_out_of_fold"] == fit["n_decisions"] > 0 and meta["config"]["data"]["val_fraction"] == 0
+    assert (f"fit on {fit['n_decisions']} decisions, all scored out of fold (by a model that had not trained on "
+            "their task); the policy trained on every task") in flat(folded.output)
     assert "validation decisions only" not in flat(folded.output)
     evaluated = runner.invoke(cli.app, ["evaluate", "--policy", str(out), "--data", str(workdir / "logs.jsonl"),
                                         "--baseline-data", str(workdir / "logs.jsonl")])
     assert evaluated.exit_code == 0, evaluated.output
     assert (f"was fit on {fit['n_decisions']} decisions, each scored by a model that had not trained on its task "
-            f"({fit['n_out_of_fold']} out of fold, the rest its validation split)") in flat(evaluated.output)
+            "(all out of fold)") in flat(evaluated.output)
     alone = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(out),
                                     "--config", str(workdir / "fast.yaml"), "--steps", "3",
                                     "--calibration-folds", "0"])
     assert alone.exit_code == 0, alone.output
-    assert "--calibration-folds auto (the default) also fits it on every training decision" in flat(alone.output)
+    assert ("--calibration-folds auto (the default) fits it on every decision scored out of fold and trains on "
+            "the validation tasks too") in flat(alone.output)
     assert "n_out_of_fold" not in json.loads((out / "policy.json").read_text())["calibration"]
     refused = runner.invoke(cli.app, ["train", "--data", str(workdir / "logs.jsonl"), "--out", str(out),
                                       "--config", str(workdir / "fast.yaml"), "--steps", "3",

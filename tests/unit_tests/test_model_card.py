@@ -62,8 +62,8 @@ def test_fine_tune_table_says_how_its_temperature_was_fit() -> None:
     assert any("fit on the validation split alone" in line for line in alone)
     assert not any("cross-fitted" in line or "validation T alone" in line for line in alone)
     crossed = model_card._fine_tune({"start": start, "config": {"calibration_folds": 5}, "domains": rows}, "ab" * 32)
-    assert any("cross-fitted" in line for line in crossed)
-    assert any("ECE (validation T alone)" in line for line in crossed)
+    assert any("cross-fitted" in line and "trains on all its tasks" in line for line in crossed)
+    assert any("| live top-1 | ECE |" in line for line in crossed)
 
 
 def test_fine_tune_table_says_when_it_started_from_another_default() -> None:
@@ -80,6 +80,9 @@ def test_fine_tune_table_says_when_it_started_from_another_default() -> None:
 def test_confidence_says_what_the_temperature_was_fit_on() -> None:
     fit = {"temperature": 0.9, "n_decisions": 1200, "ece_before": 0.2, "ece_after": 0.04, "coverage_at_95": 0.3}
     assert "fit on the validation episodes" in model_card._calibration({"calibration": fit})[3]
+    by_task = {**fit, "n_out_of_fold": 1200}  # cross-fitted by task: trained on every task, no validation split
+    assert model_card._calibration({"calibration": by_task})[3].endswith(
+        "trained without its task (`training.calibration_folds`):")
     by_domain = {**fit, "n_out_of_fold": 1000, "out_of_fold_by": "domain", "temperature_validation": 0.675}
     assert ("on 1,000 decisions each scored by a model trained without its domain (`training.calibration_folds`), "
             "plus the validation episodes (alone they give 0.675)") in model_card._calibration(

@@ -13,7 +13,7 @@ from evoharness_agent.learning import trainer
 from evoharness_agent.learning.algorithms import make_algorithm
 from evoharness_agent.learning.algorithms.base import ScoredDecisions
 from evoharness_agent.learning.calibration import FEW_DECISIONS, fit_temperature
-from evoharness_agent.learning.config import AUTO_FOLDS, load_config
+from evoharness_agent.learning.config import AUTO_FOLDS, TrainConfig, load_config
 from evoharness_agent.learning.cross_fit import CROSS_FIT_DIR
 from evoharness_agent.learning.trainer import (
     domain_folds,
@@ -21,10 +21,10 @@ from evoharness_agent.learning.trainer import (
     task_folds,
     task_group,
     train_on_episodes,
+    validation_episodes,
 )
 from evoharness_agent.policy import ToolPolicy
 from tests.kit.synthetic_logs import synthetic_episodes
-from tests.unit_tests.learning.test_calibration import _val_decisions
 
 EPISODES = synthetic_episodes(12)
 
@@ -125,25 +125,38 @@ def test_scored_decisions_concat_pads_the_narrower_parts() -> None:
     assert (both.scores[2, 1:] < -1e8).all()  # padding is unavailable, far below any score
 
 
-def test_the_temperature_is_fit_on_the_out_of_fold_and_validation_decisions(
+def test_task_folds_train_on_every_task_and_fit_the_temperature_out_of_fold(
         tmp_path: Path, encoder: StateEncoder) -> None:
     result = train_on_episodes(EPISODES, _config(3), tmp_path, encoder=encoder, show_progress=False)
-    meta = json.loads((tmp_path / "policy.json").read_text())["calibration"]
+    meta = json.loads((tmp_path / "policy.json").read_text())
+    calibration = meta["calibration"]
     folds = sorted((tmp_path / CROSS_FIT_DIR).glob("fold_*.pt"))
     assert [path.name for path in folds] == ["fold_0.pt", "fold_1.pt", "fold_2.pt"]
     out_of_fold = ScoredDecisions.concat([ScoredDecisions(**torch.load(p, weights_only=True)) for p in folds])
+    # The config's validation quarter is trained on too: every decision is scored once, out of fold.
+    assert split_episodes(EPISODES, 0.25, 3)[1]
+    assert meta["config"]["data"]["val_fraction"] == 0.0
+    assert validation_episodes(EPISODES, TrainConfig.model_validate(meta["config"])) == []
+    assert calibration["n_out_of_fold"] == calibration["n_decisions"] == len(out_of_fold.actions)
+    assert len(out_of_fold.actions) == result["n_transitions"]
+    assert "temperature_validation" not in calibration  # no validation split to compare with
     policy = ToolPolicy.load(tmp_path, encoder=encoder, device="cpu")
-    scores, actions, masks = _val_decisions(policy)
-    # Every training decision once, scored by a fold model that did not train on its task.
-    train_ids, _ = split_episodes(EPISODES, 0.25, 3)
-    assert meta["n_out_of_fold"] == len(out_of_fold.actions) == result["n_transitions"] - len(actions)
-    assert len(train_ids) < len(EPISODES)
-    assert meta["n_decisions"] == len(out_of_fold.actions) + len(actions)
-    pooled = ScoredDecisions.concat([out_of_fold, ScoredDecisions(scores=scores.float(), masks=masks,
-                                                                  actions=actions, is_finish=torch.zeros_like(masks))])
-    assert policy.temperature == pytest.approx(fit_temperature(pooled.scores, pooled.actions, pooled.masks), rel=0.02)
-    # Recorded beside it: what the validation split alone would have given.
-    assert meta["temperature_validation"] == pytest.approx(fit_temperature(scores, actions, masks), rel=0.02)
+    assert policy.temperature == pytest.approx(
+        fit_temperature(out_of_fold.scores, out_of_fold.actions, out_of_fold.masks), rel=0.02)
+
+
+def test_auto_folds_train_on_a_small_validation_split_and_keep_a_large_one(
+        tmp_path: Path, encoder: StateEncoder) -> None:
+    small = train_on_episodes(EPISODES, _config("auto"), tmp_path / "small", encoder=encoder, show_progress=False)
+    meta = json.loads((tmp_path / "small" / "policy.json").read_text())
+    assert meta["config"]["training"]["calibration_folds"] == AUTO_FOLDS
+    assert meta["config"]["data"]["val_fraction"] == 0.0
+    assert meta["calibration"]["n_out_of_fold"] == small["n_transitions"]
+    # Domain folds (the shipped default's) keep the validation split: in-domain decisions for the temperature.
+    train_on_episodes(_in_domains(["bfcl", "metatool"]), _config("domain"), tmp_path / "domain", encoder=encoder,
+                      show_progress=False)
+    by_domain = json.loads((tmp_path / "domain" / "policy.json").read_text())
+    assert by_domain["config"]["data"]["val_fraction"] == 0.25 and "temperature_validation" in by_domain["calibration"]
 
 
 def test_a_resumed_run_keeps_its_finished_folds(tmp_path: Path, encoder: StateEncoder) -> None:
@@ -177,7 +190,7 @@ def test_each_model_takes_its_calls_shares_from_the_transitions_it_trains_on(
     monkeypatch.setattr(trainer, "make_algorithm", recording)
     result = train_on_episodes(EPISODES, _config(2), tmp_path, encoder=encoder, show_progress=False)
     run, *folds = made
-    n_train = result["n_transitions"] - len(_val_decisions(ToolPolicy.load(tmp_path, encoder=encoder))[1])
+    n_train = result["n_transitions"]  # task folds: every task is trained on
     assert len(folds) == 2 and int(run.sum()) == n_train
     # A fold model counts the calls of the tasks it trains on, not those it scores for the temperature.
     for k, calls in enumerate(folds):
