@@ -174,8 +174,8 @@ def main() -> None:
                           f"{row['default']['top1']:.3f} / {row['default']['live_top1']:.3f}",
                           f"{row['scratch']['embedding_similarity_top1']:.3f}")
         console.print(table)
-        calibration = Table(title=f"{domain}: calibration on the held-out tasks, ECE / coverage at 95% accuracy "
-                                  "; the ECE a calibrated policy would show on the same decisions")
+        calibration = Table(title=f"{domain}: calibration on the held-out tasks, ECE / coverage at 95% accuracy; "
+                                  "the ECE a calibrated policy would show on the same decisions")
         for column in ("training tasks", "scratch", "from default"):
             calibration.add_column(column, justify="right")
         for row in rows:
