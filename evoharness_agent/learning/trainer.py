@@ -330,9 +330,8 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
     # "auto" folds follow the validation split's size, and unset steps the training decisions' when
     # fine-tuning; the policy records the numbers used.
     if folds == "auto":
-        tasks = task_groups(episodes)
         training = config.training.with_folds(int(_subset(dataset, val_ids).numel()),
-                                              len({tasks[i] for i in [*train_ids, *val_ids]}), context.world_size)
+                                              len(set(task_groups(episodes))), context.world_size)
         config = config.model_copy(update={"training": training})
         folds = training.calibration_folds
         if _folds_by_task(folds):
