@@ -11,16 +11,22 @@ A policy trained on one tool list learns shortcuts: "in this domain, after X com
 other episodes (other domains, when the logs mix them) to every episode's tool list, available
 from the start: the logged action stays the same, so the policy must tell it apart from
 unrelated tools by what their descriptions say, as it will have to on a new user's tools.
+:func:`tool_text_variants` gives the other texts a tool could be written as: training shows a
+share of the tools by one of them at each pass (``data.text_variant_share``), so that the scorer
+knows a tool by what its text says, not by one exact embedding.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 
 from evoharness_agent.schema import FINISH, Episode, ToolSpec
 
-__all__ = ["compose_requests", "thin_answer_only", "with_distractors"]
+__all__ = ["compose_requests", "thin_answer_only", "tool_text_variants", "with_distractors"]
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def with_distractors(episodes: Sequence[Episode], k: int, *, seed: int = 0,
@@ -100,3 +106,16 @@ def compose_requests(episodes: Sequence[Episode], share: float, *, seed: int = 0
                 reward=second.reward if first.reward is None else first.reward,
                 metadata={"domain": domain, "composed": True, "parts": [first.id, second.id]}))
     return [*episodes, *composed]
+
+
+def tool_text_variants(tool: ToolSpec) -> list[str]:
+    """Return three other texts of ``tool``: its name alone, its name and first sentence, its description alone.
+
+    Users' tools come so: bare names (a log that kept no descriptions), one terse sentence, or a
+    paragraph; the name may say little ("run", "query"). A tool without a description gives its
+    name for each.
+    """
+    description = tool.description.strip()
+    first_sentence = _SENTENCE_END.split(description, maxsplit=1)[0]
+    return [ToolSpec(name=tool.name).text(), ToolSpec(name=tool.name, description=first_sentence).text(),
+            description or tool.name]

@@ -68,6 +68,10 @@ class DataSection(_Section):
     composed_share: float = Field(default=0.0, ge=0.0, le=1.0)
     """Share of the one-call episodes joined in pairs into two-part requests, added to the logs
     (see :func:`~evoharness_agent.learning.augment.compose_requests`)."""
+    text_variant_share: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Chance that a training pass shows a tool by another text of itself (its name alone, its name and
+    first sentence, or its description alone; see :func:`~evoharness_agent.learning.augment.tool_text_variants`)
+    instead of its full text; acting and calibration always see the full text. 0: off."""
     embedding_dtype: EmbeddingDtype = "float32"
     """Storage type of the training set's text-embedding table: ``float16`` halves it (batches still
     train in float32; embeddings differ from float32's by under 1e-3)."""

@@ -27,7 +27,7 @@ from evoharness_agent.encoding.state import STATE_LAYOUT_VERSION
 from evoharness_agent.encoding.transitions import TransitionDataset, build_dataset
 from evoharness_agent.learning.algorithms import Algorithm, Dims, ToolInputs, make_algorithm
 from evoharness_agent.learning.algorithms.base import score_decisions
-from evoharness_agent.learning.augment import compose_requests, thin_answer_only, with_distractors
+from evoharness_agent.learning.augment import compose_requests, thin_answer_only, tool_text_variants, with_distractors
 from evoharness_agent.learning.calibration import fit_calibration
 from evoharness_agent.learning.checkpoints import (
     initialise_from,
@@ -44,7 +44,7 @@ from evoharness_agent.learning.precision import training_autocast
 from evoharness_agent.logs.bundled import domain_group, training_set
 from evoharness_agent.logs.importers import load_episodes
 from evoharness_agent.runtime import atomic_write_bytes, pick_device
-from evoharness_agent.schema import Episode
+from evoharness_agent.schema import Episode, ToolSpec
 
 __all__ = ["DATASET_DIR", "TrainResult", "as_trained", "calibration_fold_ids", "domain_folds", "set_threads",
            "split_episodes", "task_folds", "task_group", "task_groups", "train", "train_on_episodes",
@@ -190,6 +190,13 @@ def as_trained(episodes: Sequence[Episode], config: TrainConfig) -> list[Episode
     episodes = thin_answer_only(episodes, config.data.answer_only_share, seed=seed)
     episodes = compose_requests(episodes, config.data.composed_share, seed=seed)
     return with_distractors(episodes, config.data.distractors, seed=seed)
+
+
+def _variant_embeddings(tools: Sequence[ToolSpec], encoder: StateEncoder, show_progress: bool = False) -> torch.Tensor:
+    """Return ``(3, N, E)``: each of ``tools`` embedded by the three texts of :func:`tool_text_variants`."""
+    texts = [tool_text_variants(tool) for tool in tools]
+    return torch.stack([torch.from_numpy(encoder.embed([variant[k] for variant in texts], show_progress=show_progress))
+                        for k in range(3)])
 
 
 def validation_episodes(episodes: Sequence[Episode], config: TrainConfig) -> list[Episode]:
@@ -344,9 +351,12 @@ def _train(episodes: Sequence[Episode], config: TrainConfig, out: Path, context:
 
     network = config.model.network()
     dims = Dims(dataset.state_dim, int(dataset.tools.embeddings.shape[1]), len(dataset.tools.specs))
+    share = config.data.text_variant_share
+    variants = _variant_embeddings(dataset.tools.specs, encoder, show_progress).to(device) if share else None
+
     def new_algorithm(index: torch.Tensor) -> Algorithm:  # trained on the transitions at index
         tools = ToolInputs(dataset.tools.embeddings, torch.arange(len(dataset.tools.specs), device=device),
-                           dataset.action_counts(index))
+                           dataset.action_counts(index), variants, share)
         algorithm = make_algorithm(config.algorithm.name, config.algorithm.params, dims, network, tools).to(device)
         if config.training.compile:
             algorithm.compile_training()

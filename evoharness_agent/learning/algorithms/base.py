@@ -59,6 +59,37 @@ class ToolInputs:
     ids: torch.Tensor | None
     calls: torch.Tensor | None = None
     """How many training decisions logged each tool-table row (row 0, FINISH: the answers); ``None`` at inference."""
+    variants: torch.Tensor | None = None
+    """``(V, N, E)``: each row's tool embedded by ``V`` other texts of itself
+    (:func:`~evoharness_agent.learning.augment.tool_text_variants`); ``None``: no text augmentation."""
+    variant_share: float = 0.0
+    """Chance that a training pass sees a real tool by one of its ``variants`` instead of its full text."""
+
+    def to(self, device: torch.device | str) -> ToolInputs:
+        """Return the table on ``device``."""
+        def moved(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.to(device)
+
+        return ToolInputs(self.embeddings.to(device), moved(self.ids), moved(self.calls), moved(self.variants),
+                          self.variant_share)
+
+    def shown_in_training(self) -> torch.Tensor:
+        """Return the embeddings a training pass scores against: some real tools' rows swapped for a variant.
+
+        Each real tool's row is, with chance ``variant_share``, one of its ``variants`` instead
+        (FINISH, row 0, is always itself). A tool known by one exact text lets the scorer learn it
+        by heart; a user's tools are written in other words (a bare name, one terse sentence, a
+        description with no name).
+        """
+        if self.variants is None or self.variant_share <= 0.0:
+            return self.embeddings
+        n = self.embeddings.shape[0]
+        device = self.embeddings.device
+        pick = torch.randint(0, self.variants.shape[0], (n,), device=device)
+        shown = torch.rand(n, device=device) < self.variant_share
+        shown[0] = False
+        variant_rows = self.variants[pick, torch.arange(n, device=device)].to(self.embeddings.dtype)
+        return torch.where(shown[:, None], variant_rows, self.embeddings)
 
 
 def adam(modules: list[nn.Module], lr: float, weight_decay: float = 0.0) -> torch.optim.Optimizer:
@@ -219,7 +250,8 @@ class AlgorithmBase:
         scorer: Callable[..., torch.Tensor] = self.modules[module]
         if self._training and not acting:
             scorer = self._compiled.get(module, scorer)
-        return scorer(states, self.tools.embeddings, self.tools.ids, pairs, candidates, acting=acting).float()
+        embeddings = self.tools.shown_in_training() if self._training else self.tools.embeddings
+        return scorer(states, embeddings, self.tools.ids, pairs, candidates, acting=acting).float()
 
     def score_states(self, module: str, batch: Batch) -> torch.Tensor:
         """Score the candidates of a batch's states (its columns) with one scorer."""
@@ -237,9 +269,7 @@ class AlgorithmBase:
         """Move every module (and the tool table) to ``device``."""
         for module in self.modules.values():
             module.to(device)
-        ids, calls = self.tools.ids, self.tools.calls
-        self.tools = ToolInputs(self.tools.embeddings.to(device), None if ids is None else ids.to(device),
-                                None if calls is None else calls.to(device))
+        self.tools = self.tools.to(device)
         return self
 
     def state_dict(self) -> dict[str, dict]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from evoharness_agent.encoding.state import decisions
-from evoharness_agent.learning.augment import compose_requests, with_distractors
+from evoharness_agent.learning.augment import compose_requests, tool_text_variants, with_distractors
 from evoharness_agent.schema import FINISH, Episode, Step, ToolSpec
 
 
@@ -56,3 +56,10 @@ def test_composed_requests_ask_both_parts_and_call_both_tools() -> None:
         assert [point.action for point in decisions(episode, 2)] == [first.steps[0].tool, second.steps[0].tool, FINISH]
     assert compose_requests(logs, 0.0) == logs
     assert len(compose_requests(logs, 0.4, seed=3)) == len(logs) + 2
+
+
+def test_tool_text_variants_are_the_name_the_first_sentence_and_the_description() -> None:
+    tool = ToolSpec(name="get_weather", description="Get the current weather of a city. Returns degrees Celsius.")
+    assert tool_text_variants(tool) == ["get_weather:", "get_weather: Get the current weather of a city.",
+                                        "Get the current weather of a city. Returns degrees Celsius."]
+    assert tool_text_variants(ToolSpec(name="run")) == ["run:", "run:", "run"]  # no description: the name

@@ -183,3 +183,32 @@ def test_inductor_compiled_cql_trains_like_eager(encoder: StateEncoder, monkeypa
     assert graphs
     for key, value in logs_eager.items():  # fused kernels sum in another order
         assert float(logs_compiled[key]) == pytest.approx(float(value), rel=1e-3, abs=1e-4), key
+
+
+def test_training_passes_see_tools_by_their_variant_texts_and_acting_by_their_full_text(
+        encoder: StateEncoder) -> None:
+    data = build_dataset([episode(i) for i in range(10)], encoder, history_window=2)
+    n, width = data.tools.embeddings.shape
+    dims = Dims(data.state_dim, width, n)
+    noise = torch.randn(3, n, width, generator=torch.Generator().manual_seed(0))
+    variants = torch.nn.functional.normalize(noise, dim=-1)
+    plain = ToolInputs(data.tools.embeddings, torch.arange(n))
+    assert plain.shown_in_training() is plain.embeddings  # no variants: the table as it is
+    every = ToolInputs(data.tools.embeddings, torch.arange(n), variants=variants, variant_share=1.0)
+    shown = every.shown_in_training()
+    torch.testing.assert_close(shown[0], data.tools.embeddings[0])  # FINISH is always itself
+    for row in range(1, n):  # every real tool by one of its own variants
+        assert any(torch.equal(shown[row], variants[k, row]) for k in range(3))
+    torch.manual_seed(0)
+    algorithm = make_algorithm("cql", {}, dims, NetworkConfig(hidden=8, dropout=0.0), every)
+    twin = make_algorithm("cql", {}, dims, NetworkConfig(hidden=8, dropout=0.0), plain)
+    twin.load_state_dict(algorithm.state_dict())
+    batch = data.batch(torch.arange(len(data)))
+
+    def scores(of: Algorithm) -> torch.Tensor:
+        return of.score("q", batch.states, batch.pairs)
+
+    assert not torch.allclose(scores(algorithm), scores(twin))
+    algorithm.set_training(False)
+    twin.set_training(False)  # acting, validation and calibration: the full texts only
+    torch.testing.assert_close(scores(algorithm), scores(twin))

@@ -247,6 +247,17 @@ def test_a_policy_with_a_pair_head_trains_saves_and_loads_it(tmp_path: Path, enc
     assert {score.tool for score in loaded.rank("Read notes3.txt", (), tools)} == {FINISH, *TOOL_NAMES}
 
 
+def test_text_variant_share_trains_on_the_variants_and_is_recorded(tmp_path: Path, encoder: StateEncoder) -> None:
+    trained = {}
+    for share in (0.0, 0.5):
+        out = tmp_path / f"share_{share}"
+        config = make_config(steps=10, algorithm="cql", data={"text_variant_share": share})
+        train_on_episodes(synthetic_episodes(), config, out, encoder=encoder, show_progress=False)
+        trained[share] = weights(out)
+    assert json.loads((out / "policy.json").read_text())["config"]["data"]["text_variant_share"] == 0.5
+    assert any(not torch.equal(trained[0.0][key], trained[0.5][key]) for key in trained[0.0])
+
+
 # --------------------------------------------------------------------------- resume and --init
 
 
