@@ -96,8 +96,11 @@ def _training(meta: dict[str, Any], train: dict[str, Any] | None, weights: Path,
     config = train.get("config", {})
     training = config.get("training", {})
     composed = config.get("data", {}).get("composed_share", 0.0)
+    variants = config.get("data", {}).get("text_variant_share", 0.0)
     lines.append(f"- Recipe: {config.get('data', {}).get('distractors', 0)} distractor tools per episode, "
                  f"a share {composed} of the one-call episodes joined in pairs into two-part requests, "
+                 f"each tool shown by another text of itself (its name alone, its name and first sentence, or its "
+                 f"description alone) at a share {variants} of the training passes, "
                  f"per-tool bias {'on' if config.get('model', {}).get('tool_bias') else 'off'}, "
                  f"{training.get('steps')} steps of batch {training.get('batch_size')}.")
     network = meta["network"]
