@@ -193,10 +193,9 @@ def as_trained(episodes: Sequence[Episode], config: TrainConfig) -> list[Episode
 
 
 def _variant_embeddings(tools: Sequence[ToolSpec], encoder: StateEncoder, show_progress: bool = False) -> torch.Tensor:
-    """Return ``(3, N, E)``: each of ``tools`` embedded by the three texts of :func:`tool_text_variants`."""
-    texts = [tool_text_variants(tool) for tool in tools]
-    return torch.stack([torch.from_numpy(encoder.embed([variant[k] for variant in texts], show_progress=show_progress))
-                        for k in range(3)])
+    """Return ``(V, N, E)``: each of ``tools`` embedded by each of the ``V`` texts of :func:`tool_text_variants`."""
+    columns = zip(*(tool_text_variants(tool) for tool in tools), strict=True)
+    return torch.stack([torch.from_numpy(encoder.embed(list(texts), show_progress=show_progress)) for texts in columns])
 
 
 def validation_episodes(episodes: Sequence[Episode], config: TrainConfig) -> list[Episode]:
